@@ -1,0 +1,7 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tonic_prost_build::configure().bytes(".").compile_protos(
+        &["proto/cairn/v1/kv.proto", "proto/cairn/v1/admin.proto"],
+        &["proto"],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Every key-value and admin call through the Rust client against a real server: what works, and
+//! what is refused with INVALID_ARGUMENT and the bound in the message.
+
+mod support;
+
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions, Code, PutEntry};
+use std::time::Duration;
+use support::Server;
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn entry(key: Bytes, value: Bytes) -> PutEntry {
+    PutEntry {
+        key,
+        value,
+        ttl: None,
+    }
+}
+
+#[track_caller]
+fn refused<T: std::fmt::Debug>(result: cairn_client::Result<T>, needle: &str) {
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Some(Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains(needle), "{err:?} lacks {needle:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_call_works_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+
+    // Batches spanning many partitions come back in request order.
+    let keys: Vec<Bytes> = (0..200).map(|i| b(&format!("key-{i}"))).collect();
+    let entries = keys
+        .iter()
+        .map(|k| {
+            entry(
+                k.clone(),
+                Bytes::from(format!("value-of-{}", String::from_utf8_lossy(k))),
+            )
+        })
+        .collect();
+    client.put(entries).await.unwrap();
+    let mut probe = keys.clone();
+    probe.push(b("absent"));
+    let values = client.get(probe.clone()).await.unwrap();
+    for (k, v) in keys.iter().zip(&values) {
+        assert_eq!(
+            v.as_deref(),
+            Some(format!("value-of-{}", String::from_utf8_lossy(k)).as_bytes())
+        );
+    }
+    assert_eq!(values[200], None);
+    let exists = client.exists(probe.clone()).await.unwrap();
+    assert_eq!(exists.iter().filter(|e| **e).count(), 200);
+    assert!(!exists[200]);
+
+    let inserted = client
+        .insert_if_absent(
+            vec![b("key-0"), b("new"), b("new")],
+            b("w"),
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![false, true, false]);
+    client.delete(vec![b("key-0"), b("new")]).await.unwrap();
+    assert_eq!(
+        client
+            .exists(vec![b("key-0"), b("new"), b("key-1")])
+            .await
+            .unwrap(),
+        vec![false, false, true]
+    );
+
+    // Values at the bound are accepted; one byte more is refused, naming the bound.
+    let max_key = Bytes::from(vec![b'k'; 4096]);
+    let max_value = Bytes::from(vec![7u8; 1024 * 1024]);
+    client
+        .put(vec![entry(max_key.clone(), max_value.clone())])
+        .await
+        .unwrap();
+    assert_eq!(
+        client.get(vec![max_key.clone()]).await.unwrap(),
+        vec![Some(max_value)]
+    );
+
+    let long_key = Bytes::from(vec![b'k'; 4097]);
+    let big_value = Bytes::from(vec![0u8; 1024 * 1024 + 1]);
+    refused(
+        client.put(vec![entry(long_key.clone(), b("v"))]).await,
+        "limit is 4096 bytes",
+    );
+    refused(
+        client.put(vec![entry(b("k"), big_value.clone())]).await,
+        "limit is 1048576 bytes",
+    );
+    refused(client.put(vec![entry(Bytes::new(), b("v"))]).await, "empty");
+    refused(client.put(vec![]).await, "at least one");
+    refused(
+        client
+            .put(vec![PutEntry {
+                key: b("k"),
+                value: b("v"),
+                ttl: Some(Duration::ZERO),
+            }])
+            .await,
+        "positive TTL",
+    );
+    let too_many: Vec<Bytes> = (0..10_001).map(|i| b(&format!("k{i}"))).collect();
+    refused(client.get(too_many.clone()).await, "limit is 10000 keys");
+    // 17 values of 1 MiB: each is fine, the batch is not.
+    let heavy = (0..17)
+        .map(|i| entry(b(&format!("h{i}")), Bytes::from(vec![1u8; 1024 * 1024])))
+        .collect();
+    refused(client.put(heavy).await, "limit is 16777216 bytes");
+
+    refused(
+        client.get(vec![long_key.clone()]).await,
+        "limit is 4096 bytes",
+    );
+    refused(client.get(vec![]).await, "at least one");
+    refused(
+        client.exists(vec![long_key.clone()]).await,
+        "limit is 4096 bytes",
+    );
+    refused(client.exists(vec![]).await, "at least one");
+    refused(client.delete(vec![Bytes::new()]).await, "empty");
+    refused(client.delete(too_many.clone()).await, "limit is 10000 keys");
+    refused(
+        client
+            .insert_if_absent(vec![long_key.clone()], Bytes::new(), None)
+            .await,
+        "limit is 4096 bytes",
+    );
+    refused(
+        client.insert_if_absent(vec![b("x")], big_value, None).await,
+        "limit is 1048576 bytes",
+    );
+    refused(
+        client
+            .insert_if_absent(
+                vec![b("x")],
+                Bytes::new(),
+                Some(Duration::from_secs(20 * 365 * 86_400)),
+            )
+            .await,
+        "10 years",
+    );
+    refused(
+        client.insert_if_absent(vec![], Bytes::new(), None).await,
+        "at least one",
+    );
+    // Nothing refused left a trace.
+    assert_eq!(
+        client.exists(vec![b("x"), b("h0"), b("k")]).await.unwrap(),
+        vec![false, false, false]
+    );
+
+    // Admin calls.
+    let cluster = client.describe_cluster().await.unwrap();
+    assert_eq!(
+        (
+            cluster.cluster_name.as_str(),
+            cluster.node_name.as_str(),
+            cluster.num_partitions
+        ),
+        ("cairn", "n1", 16)
+    );
+    let partitions = client.list_partitions().await.unwrap().partitions;
+    assert_eq!(partitions.len(), 16);
+    assert!(
+        partitions
+            .iter()
+            .all(|p| p.status == "active" && p.applied_lsn == p.log_tail)
+    );
+    assert_eq!(client.describe_logs(None).await.unwrap().len(), 16);
+    let err = client.describe_logs(Some(16)).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::NotFound), "{err}");
+    let err = client.trim_log(70_000, 1).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::NotFound), "{err}");
+    let log = &client.describe_logs(Some(0)).await.unwrap()[0];
+    let err = client.trim_log(0, log.tail + 1).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
+}

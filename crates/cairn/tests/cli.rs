@@ -1,0 +1,177 @@
+//! `cairnctl` against a real `cairn` process, as an operator would use them.
+
+mod support;
+
+use support::{Server, cairnctl, fails, ok, run_cairn, stderr};
+
+#[test]
+fn key_value_commands_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let a = server.address.as_str();
+
+    assert_eq!(
+        ok(cairnctl(a, &["kv", "put", "greeting", "hello"])).trim(),
+        "OK"
+    );
+    assert_eq!(ok(cairnctl(a, &["kv", "get", "greeting"])).trim(), "hello");
+    let err = fails(cairnctl(a, &["kv", "get", "missing"]));
+    assert!(err.contains("key missing not found"), "{err}");
+
+    let table = ok(cairnctl(a, &["kv", "exists", "greeting", "missing"]));
+    assert!(row(&table, "greeting").contains("true"), "{table}");
+    assert!(row(&table, "missing").contains("false"), "{table}");
+
+    let table = ok(cairnctl(
+        a,
+        &[
+            "kv",
+            "insert-if-absent",
+            "greeting",
+            "fresh",
+            "--value",
+            "x",
+        ],
+    ));
+    assert!(row(&table, "greeting").contains("false"), "{table}");
+    assert!(row(&table, "fresh").contains("true"), "{table}");
+    let table = ok(cairnctl(a, &["kv", "insert-if-absent", "fresh"]));
+    assert!(row(&table, "fresh").contains("false"), "{table}");
+
+    ok(cairnctl(a, &["kv", "delete", "greeting"]));
+    fails(cairnctl(a, &["kv", "get", "greeting"]));
+    let table = ok(cairnctl(a, &["kv", "get", "fresh", "greeting"]));
+    assert!(row(&table, "fresh").contains('x'), "{table}");
+    assert!(row(&table, "greeting").contains("(absent)"), "{table}");
+
+    // A TTL given in human units expires.
+    ok(cairnctl(
+        a,
+        &["kv", "put", "short", "lived", "--ttl", "300ms"],
+    ));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    fails(cairnctl(a, &["kv", "get", "short"]));
+}
+
+#[test]
+fn partitions_and_logs_are_listed_and_trim_is_guarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let a = server.address.as_str();
+    ok(cairnctl(a, &["kv", "put", "k", "v"]));
+
+    let table = ok(cairnctl(a, &["partitions", "list"]));
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(rows.len(), 16, "{table}");
+    assert!(rows.iter().all(|r| r.contains("n1")), "{table}");
+    // Partition 15 of 16 ends at the top of the key space.
+    assert!(
+        table.contains("17293822569102704640..=18446744073709551615"),
+        "{table}"
+    );
+
+    let borders = ok(cairnctl(
+        a,
+        &["--table-style", "borders", "logs", "describe", "-l", "3"],
+    ));
+    assert!(borders.contains('│'), "{borders}");
+
+    // Find the log that holds "k": the only one with a tail past its announcement (LSN 1).
+    let logs = ok(cairnctl(a, &["logs", "describe"]));
+    let (log_id, tail) = logs
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<u64> = l
+                .split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            (cols.len() == 3).then(|| (cols[0], cols[2]))
+        })
+        .find(|&(_, tail)| tail == 2)
+        .expect("one log holds the put");
+    assert_eq!(tail, 2, "{logs}");
+    let log = log_id.to_string();
+
+    let err = fails(cairnctl(a, &["logs", "trim", "-l", &log, "-t", "2"]));
+    assert!(err.contains("pass -y"), "{err}");
+    let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "3"]));
+    assert!(err.contains("applied only up to LSN 2"), "{err}");
+    let out = ok(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "2"]));
+    assert!(out.contains("trim point 2"), "{out}");
+    let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", "99", "-t", "1"]));
+    assert!(err.contains("log 99 does not exist"), "{err}");
+
+    // The data survives the trim and a restart.
+    server.stop();
+    let server = Server::start(dir.path());
+    assert_eq!(
+        ok(cairnctl(&server.address, &["kv", "get", "k"])).trim(),
+        "v"
+    );
+    let logs = ok(cairnctl(&server.address, &["logs", "describe", "-l", &log]));
+    assert!(
+        logs.lines().nth(1).unwrap().split_whitespace().nth(1) == Some("2"),
+        "{logs}"
+    );
+}
+
+#[test]
+fn an_unreachable_node_is_one_line_naming_the_address() {
+    let out = cairnctl("127.0.0.1:1", &["partitions", "list"]);
+    let err = fails(out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("cannot connect to http://127.0.0.1:1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_str().unwrap();
+
+    let out = run_cairn(&["--base-dir", base], &[("CAIRN_NUM_PARTITIONS", "many")]);
+    let err = fails(out);
+    assert!(err.contains("num-partitions"), "{err}");
+
+    let out = run_cairn(&["--base-dir", base], &[("CAIRN_NUM_PARTITIONS", "0")]);
+    let err = fails(out);
+    assert!(err.contains("num-partitions is 0"), "{err}");
+
+    let config = dir.path().join("cairn.toml");
+    std::fs::write(&config, "node-name = \"n1\"\nbase-dirr = \"x\"\n").unwrap();
+    let err = fails(run_cairn(&["--config", config.to_str().unwrap()], &[]));
+    assert!(err.contains("base-dirr"), "{err}");
+
+    std::fs::write(&config, "[worker]\nbogus = 1\n").unwrap();
+    let err = fails(run_cairn(&["--config", config.to_str().unwrap()], &[]));
+    assert!(err.contains("bogus"), "{err}");
+
+    let err = fails(run_cairn(&["--config", "/nonexistent/cairn.toml"], &[]));
+    assert!(err.contains("does not exist"), "{err}");
+
+    // The number of partitions is fixed once the cluster exists.
+    let server = support::Server::start_with(dir.path(), &[], &[("CAIRN_NUM_PARTITIONS", "4")]);
+    server.stop();
+    let out = run_cairn(
+        &["--base-dir", base, "--bind-address", "127.0.0.1:0"],
+        &[("CAIRN_NUM_PARTITIONS", "8")],
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("created with 4 partitions"), "{err}");
+}
+
+/// The line of a table whose first column is `key`.
+fn row<'a>(table: &'a str, key: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(key))
+        .unwrap_or_else(|| panic!("no row {key} in\n{table}"))
+}

@@ -1,0 +1,177 @@
+//! Command-line arguments. The global options follow the admin tools our users already know.
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cairnctl",
+    version,
+    about = "Administer a Cairn cluster",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalOptions,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TableStyle {
+    Compact,
+    Borders,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TimeFormat {
+    Human,
+    Iso8601,
+    Rfc2822,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalOptions {
+    /// Increase logging verbosity
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Decrease logging verbosity
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub quiet: u8,
+    /// Which table output style to use
+    #[arg(long, value_enum, default_value = "compact", global = true)]
+    pub table_style: TableStyle,
+    #[arg(long, value_enum, default_value = "human", global = true)]
+    pub time_format: TimeFormat,
+    /// Auto answer "yes" to confirmation prompts
+    #[arg(short = 'y', long, global = true)]
+    pub yes: bool,
+    /// Connection timeout for network calls, in milliseconds
+    #[arg(long, default_value_t = 5000, global = true)]
+    pub connect_timeout: u64,
+    /// Overall request timeout for network calls, in milliseconds
+    #[arg(long, default_value_t = 13000, global = true)]
+    pub request_timeout: u64,
+    /// Node address host:port (e.g. http://localhost:5122/)
+    #[arg(
+        long,
+        visible_alias = "cluster-controller",
+        env = "CAIRNCTL_ADDRESS",
+        default_value = "http://localhost:5122/",
+        global = true
+    )]
+    pub address: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read and write keys
+    #[command(subcommand)]
+    Kv(KvCommand),
+    /// Partitions of the cluster
+    #[command(subcommand)]
+    Partitions(PartitionsCommand),
+    /// The partitions' logs
+    #[command(subcommand)]
+    Logs(LogsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KvCommand {
+    /// Store a value under a key
+    Put {
+        key: String,
+        value: String,
+        /// Time to live, e.g. `30s`, `10m`, `1h`
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Print the values of keys
+    Get {
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Delete keys
+    Delete {
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Tell which keys exist
+    Exists {
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// Insert keys that are absent, and tell which ones this call inserted
+    InsertIfAbsent {
+        #[arg(required = true)]
+        keys: Vec<String>,
+        /// Value stored under every inserted key
+        #[arg(long, default_value = "")]
+        value: String,
+        /// Time to live, e.g. `30s`, `10m`, `1h`
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PartitionsCommand {
+    /// List partitions with their key range, leader, epoch and LSNs
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LogsCommand {
+    /// Show the trim point and tail of logs
+    Describe {
+        /// Only this log
+        #[arg(short = 'l', long = "log-id")]
+        log_id: Option<u32>,
+    },
+    /// Trim a log up to and including an LSN
+    Trim {
+        #[arg(short = 'l', long = "log-id")]
+        log_id: u32,
+        /// Trim point: every record up to this LSN is removed
+        #[arg(short = 't', long = "trim-point")]
+        trim_point: u64,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn seed_style_invocations_parse() {
+        let cli =
+            Cli::try_parse_from(["cairnctl", "logs", "trim", "-l", "0", "-t", "1000"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Logs(LogsCommand::Trim {
+                log_id: 0,
+                trim_point: 1000
+            })
+        ));
+        let cli = Cli::try_parse_from([
+            "cairnctl",
+            "--table-style",
+            "borders",
+            "-y",
+            "--cluster-controller",
+            "http://localhost:9/",
+            "partitions",
+            "list",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.table_style, TableStyle::Borders);
+        assert_eq!(cli.global.address, "http://localhost:9/");
+        assert!(cli.global.yes);
+    }
+}

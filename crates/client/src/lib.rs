@@ -1,0 +1,272 @@
+//! A client for a Cairn node: the key-value calls and the admin calls.
+//!
+//! Every error names the address it tried, so "connection refused" is never ambiguous.
+//!
+//! Architecture invariant: the client knows only the wire protocol (`cairn-api`); it shares no
+//! code with the server beyond it.
+
+use bytes::Bytes;
+use cairn_api::MESSAGE_BYTES_MAX;
+use cairn_api::v1;
+use cairn_api::v1::admin_client::AdminClient;
+use cairn_api::v1::key_value_client::KeyValueClient;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+pub use tonic::Code;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{address} is not a valid node address: {detail}")]
+    BadAddress { address: String, detail: String },
+    #[error("cannot connect to {address}: {detail}")]
+    Connect { address: String, detail: String },
+    #[error("{address}: {}", status.message())]
+    Rpc {
+        address: String,
+        status: tonic::Status,
+    },
+}
+
+impl Error {
+    /// The gRPC status code, if the node answered.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Error::Rpc { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_millis(5_000),
+            request_timeout: Duration::from_millis(13_000),
+        }
+    }
+}
+
+/// One entry of a put.
+#[derive(Debug, Clone)]
+pub struct PutEntry {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub ttl: Option<Duration>,
+}
+
+/// A connection to one node. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    address: String,
+    kv: KeyValueClient<Channel>,
+    admin: AdminClient<Channel>,
+}
+
+impl Client {
+    /// Connects to `address` (`http://host:port`, or `host:port`).
+    pub async fn connect(address: &str, options: &ClientOptions) -> Result<Client> {
+        let address = normalize_address(address);
+        let endpoint = Endpoint::from_shared(address.clone())
+            .map_err(|e| Error::BadAddress {
+                address: address.clone(),
+                detail: e.to_string(),
+            })?
+            .connect_timeout(options.connect_timeout)
+            .timeout(options.request_timeout)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| Error::Connect {
+            address: address.clone(),
+            detail: error_chain(&e),
+        })?;
+        Ok(Client {
+            kv: KeyValueClient::new(channel.clone())
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+            admin: AdminClient::new(channel)
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+            address,
+        })
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn rpc(&self, status: tonic::Status) -> Error {
+        Error::Rpc {
+            address: self.address.clone(),
+            status,
+        }
+    }
+
+    pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
+        let request = v1::PutRequest {
+            entries: entries
+                .into_iter()
+                .map(|e| v1::Entry {
+                    key: e.key,
+                    value: e.value,
+                    ttl_ms: e.ttl.map(|t| t.as_millis() as u64),
+                })
+                .collect(),
+        };
+        self.kv
+            .clone()
+            .put(request)
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(())
+    }
+
+    /// Values in the order of `keys`; `None` for absent or expired keys.
+    pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
+        let response = self
+            .kv
+            .clone()
+            .get(v1::GetRequest { keys })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response
+            .into_inner()
+            .values
+            .into_iter()
+            .map(|v| v.value)
+            .collect())
+    }
+
+    pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
+        self.kv
+            .clone()
+            .delete(v1::DeleteRequest { keys })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(())
+    }
+
+    pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
+        let response = self
+            .kv
+            .clone()
+            .exists(v1::ExistsRequest { keys })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response.into_inner().exists)
+    }
+
+    /// Per key, in order: whether this call inserted it.
+    pub async fn insert_if_absent(
+        &self,
+        keys: Vec<Bytes>,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<bool>> {
+        let response = self
+            .kv
+            .clone()
+            .insert_if_absent(v1::InsertIfAbsentRequest {
+                keys,
+                value,
+                ttl_ms: ttl.map(|t| t.as_millis() as u64),
+            })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response.into_inner().inserted)
+    }
+
+    pub async fn describe_cluster(&self) -> Result<v1::DescribeClusterResponse> {
+        self.admin
+            .clone()
+            .describe_cluster(v1::DescribeClusterRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn list_partitions(&self) -> Result<v1::ListPartitionsResponse> {
+        self.admin
+            .clone()
+            .list_partitions(v1::ListPartitionsRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn describe_logs(&self, log_id: Option<u32>) -> Result<Vec<v1::LogInfo>> {
+        self.admin
+            .clone()
+            .describe_logs(v1::DescribeLogsRequest { log_id })
+            .await
+            .map(|r| r.into_inner().logs)
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn trim_log(&self, log_id: u32, trim_point: u64) -> Result<v1::TrimLogResponse> {
+        self.admin
+            .clone()
+            .trim_log(v1::TrimLogRequest { log_id, trim_point })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+}
+
+fn normalize_address(address: &str) -> String {
+    let trimmed = address.trim().trim_end_matches('/');
+    if trimmed.contains("://") {
+        trimmed.to_string()
+    } else {
+        format!("http://{trimmed}")
+    }
+}
+
+/// The error and its causes on one line: transport errors hide the useful part ("connection
+/// refused") in their source chain.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_get_a_scheme_and_lose_the_trailing_slash() {
+        assert_eq!(normalize_address("localhost:5122"), "http://localhost:5122");
+        assert_eq!(
+            normalize_address("http://localhost:5122/"),
+            "http://localhost:5122"
+        );
+    }
+
+    #[tokio::test]
+    async fn unreachable_node_names_the_address() {
+        // Port 1 on loopback: nothing listens there.
+        let err = Client::connect("127.0.0.1:1", &ClientOptions::default())
+            .await
+            .err()
+            .unwrap();
+        let text = err.to_string();
+        assert!(text.contains("http://127.0.0.1:1"), "{text}");
+        assert!(text.to_lowercase().contains("refused"), "{text}");
+    }
+}

@@ -1,0 +1,105 @@
+//! The replicated log of a partition: the source of truth that partition processors apply.
+//!
+//! ```text
+//!      trimmed (gone)        readable                    not yet written
+//!   ───────────────────┤├──────────────────────────┤├────────────────────▶ LSN
+//!                 trim_point                      tail
+//!                 (0 = never trimmed)             (0 = empty log)
+//! ```
+//!
+//! LSNs start at 1 and are dense. Records `trim_point + 1 ..= tail` are readable. A record is
+//! readable, and its append acknowledged, only once it is durable.
+//!
+//! Architecture invariant: this crate knows nothing of what the records mean (they are opaque
+//! bytes) and nothing of RocksDB, gRPC or object stores. Providers: [`local`] (embedded, one node).
+//! Every provider must pass [`conformance`].
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use cairn_types::{LogId, Lsn};
+use std::sync::Arc;
+
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
+pub mod local;
+
+/// One record read back from a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub lsn: Lsn,
+    pub payload: Bytes,
+}
+
+/// Where a log stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogState {
+    /// Highest trimmed LSN; 0 if never trimmed.
+    pub trim_point: Lsn,
+    /// LSN of the last durable record; 0 if nothing was ever appended.
+    pub tail: Lsn,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller asked for records that were trimmed away. Whoever needs them must get the state
+    /// from elsewhere (a snapshot).
+    #[error("log {log_id}: LSN {requested} was trimmed (trim point is {trim_point})")]
+    Trimmed {
+        log_id: LogId,
+        requested: Lsn,
+        trim_point: Lsn,
+    },
+    #[error("log {log_id}: a record of {size} bytes exceeds the limit of {limit} bytes")]
+    RecordTooLarge {
+        log_id: LogId,
+        size: usize,
+        limit: usize,
+    },
+    #[error("log {log_id} is shut down")]
+    Shutdown { log_id: LogId },
+    #[error("log {log_id}: {context}: {source}")]
+    Io {
+        log_id: LogId,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("log {log_id}: corrupt data in {path}: {detail}")]
+    Corrupt {
+        log_id: LogId,
+        path: String,
+        detail: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One partition's log.
+#[async_trait]
+pub trait Loglet: Send + Sync + 'static {
+    fn log_id(&self) -> LogId;
+
+    /// Appends `payloads` as consecutive records and returns the LSN of the last one once all of
+    /// them are durable. An empty batch returns the current tail and writes nothing.
+    async fn append(&self, payloads: Vec<Bytes>) -> Result<Lsn>;
+
+    /// Reads up to `max_records` durable records starting at `from`. Returns an empty vector when
+    /// `from` is past the tail. Fails with [`Error::Trimmed`] when `from <= trim_point`.
+    async fn read(&self, from: Lsn, max_records: usize) -> Result<Vec<Entry>>;
+
+    /// Waits until the tail is at least `lsn`.
+    async fn wait_for_tail(&self, lsn: Lsn) -> Result<()>;
+
+    /// Trims every record up to and including `up_to` (clamped to the tail). The trim point never
+    /// moves backwards; trimming below it is a no-op.
+    async fn trim(&self, up_to: Lsn) -> Result<()>;
+
+    async fn state(&self) -> Result<LogState>;
+}
+
+/// Opens the logs of one node.
+#[async_trait]
+pub trait LogProvider: Send + Sync + 'static {
+    /// Opens (creating if needed) the log `log_id`. Opening the same id twice returns the same log.
+    async fn open(&self, log_id: LogId) -> Result<Arc<dyn Loglet>>;
+}

@@ -1,0 +1,1647 @@
+//! The `local` provider: an embedded, durable log on one node's disk.
+//!
+//! Each log lives in its own directory, `<dir>/<log_id>/`:
+//!
+//! ```text
+//!   LOCK                        held (flock) while the log is open, so two providers never share it
+//!   trim-point                  [u64 trim point LE][u32 crc32c LE of the u64]; absent = never trimmed
+//!   00000000000000000001.seg    segment files, named by the LSN of their first record
+//!   00000000000000004711.seg
+//! ```
+//!
+//! A segment is a plain sequence of records, each framed as
+//!
+//! ```text
+//!   [u32 payload len LE][u32 crc32c LE of (len bytes ++ lsn bytes ++ payload)][u64 lsn LE][payload]
+//! ```
+//!
+//! The LSN is stored in every record (not only implied by its position) so that recovery can tell
+//! a stale or misplaced record from the one it expects, and the checksum covers the length so that
+//! a torn length cannot make garbage look like a record.
+//!
+//! # Writes: one writer per log, group commit
+//!
+//! Appends and trims go through a bounded queue to one writer thread per log. The writer takes
+//! every request that is queued (up to [`LocalLogOptions::batch_records_max`] records or
+//! [`LocalLogOptions::batch_bytes_max`] bytes), writes them all, syncs once, and only then
+//! publishes the new tail and acknowledges them. One fsync is paid per batch rather than per
+//! append, so throughput grows with the number of concurrent appenders. The bounded queue pushes
+//! back on appenders when the disk cannot keep up instead of buffering without limit.
+//!
+//! # Reads
+//!
+//! Only the durable prefix is ever read: the writer publishes a record's length and LSN to readers
+//! after it was synced. Memory stays bounded by the log's size only through a sparse index (the
+//! file offset of every [`INDEX_INTERVAL`]th record of each segment); a read seeks to the nearest
+//! indexed record and walks forward. Reads run on tokio's blocking pool, use positional reads on
+//! their own file handles, and hold the state lock only to plan which bytes to read, so they never
+//! wait for the writer's disk IO and the writer never waits for theirs.
+//!
+//! # Crash consistency
+//!
+//! The invariant: everything that was acknowledged is in the durable prefix of the segments, and
+//! recovery finds exactly that prefix again.
+//!
+//! - An append is acknowledged only after its bytes were written and `fdatasync`ed, and, if it
+//!   created a segment file, after the directory was fsynced too, so the file's name is as durable
+//!   as its content (the same goes for the log's directory and the provider's). A crash before the acknowledgement may leave any part of the batch on disk
+//!   (a prefix, garbage, or, since pages reach the disk in any order, valid records after a hole).
+//!   Such an append was never acknowledged, so keeping a valid prefix of it, or none of it, are
+//!   both correct outcomes.
+//! - Before the writer starts a new segment it syncs the previous one. So the only segment that
+//!   can hold an unsynced, possibly torn tail is the last one. Recovery cuts the last segment at
+//!   its first record that is short, fails its checksum or carries an unexpected LSN, and trusts
+//!   nothing after it. The same damage in an older segment cannot come from a crash, so recovery
+//!   refuses it as [`Error::Corrupt`] instead of silently dropping acknowledged records. The
+//!   price: a bit flip in an acknowledged record of the last segment looks like a torn write and
+//!   is cut as well. Recovery logs a warning with the number of bytes it dropped.
+//! - The trim point is written to a temporary file, synced, renamed over `trim-point` and the
+//!   directory synced. Rename is atomic, so the file holds the old or the new trim point, never a
+//!   mix. Segments are deleted only after the new trim point is durable; a crash between the two
+//!   leaves segments that recovery recognises as wholly trimmed and deletes. That ordering is also
+//!   why the tail survives trimming everything: with no segment left, recovery takes the tail from
+//!   the trim point and the next segment starts at `trim_point + 1`.
+//! - If a write or sync fails, the writer stops accepting appends for good. After a failed
+//!   `fsync` the kernel may have dropped the dirty pages while reporting them clean, so retrying
+//!   could acknowledge data that is not on disk. Reopening the log (in a new provider) runs
+//!   recovery, which finds out what really is there.
+//! - With [`LocalLogOptions::fsync`] off, nothing is synced: acknowledged records survive a
+//!   process crash (they are in the page cache) but not a machine crash. Meant for tests.
+
+use crate::{Entry, Error, LogProvider, LogState, Loglet, Result};
+use async_trait::async_trait;
+use bytes::Bytes;
+use cairn_types::{LogId, Lsn};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use tokio::sync::{OnceCell, mpsc, oneshot, watch};
+
+/// Every how many records of a segment the sparse index keeps a file offset. A read walks past at
+/// most `INDEX_INTERVAL - 1` record headers to find its first record; the index costs 8 bytes per
+/// `INDEX_INTERVAL` records.
+pub const INDEX_INTERVAL: u64 = 64;
+
+/// `[u32 len][u32 crc][u64 lsn]`.
+const HEADER_BYTES: usize = 16;
+/// How much a read fetches from a segment at once, so that reading many small records costs a few
+/// system calls rather than two per record.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// The writer hands its buffer to the kernel whenever it holds this much, so that one huge append
+/// does not need a second copy of itself in memory.
+const WRITE_CHUNK_BYTES: usize = 1024 * 1024;
+const SEGMENT_SUFFIX: &str = ".seg";
+const TRIM_POINT_FILE: &str = "trim-point";
+const TRIM_POINT_TMP_FILE: &str = "trim-point.tmp";
+const LOCK_FILE: &str = "LOCK";
+
+/// Settings of a [`LocalLogProvider`], shared by all of its logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalLogOptions {
+    /// A new segment file is started when the current one would grow past this. A single record
+    /// larger than this gets a segment of its own.
+    pub segment_bytes_max: u64,
+    /// Largest payload of one record. At most `u32::MAX`.
+    pub record_bytes_max: usize,
+    /// Whether appends and trims are synced to disk before they are acknowledged. Only turn this
+    /// off for tests: without it, a machine crash loses acknowledged records.
+    pub fsync: bool,
+    /// The writer stops gathering queued appends into one batch (one sync) once it holds this many
+    /// records.
+    pub batch_records_max: usize,
+    /// The writer stops gathering queued appends into one batch once it holds this many payload
+    /// bytes.
+    pub batch_bytes_max: usize,
+    /// How many append or trim requests may wait for the writer before callers are held back.
+    pub queue_depth_max: usize,
+}
+
+impl Default for LocalLogOptions {
+    fn default() -> Self {
+        LocalLogOptions {
+            segment_bytes_max: 64 * 1024 * 1024,
+            record_bytes_max: 32 * 1024 * 1024,
+            fsync: true,
+            batch_records_max: 4096,
+            batch_bytes_max: 8 * 1024 * 1024,
+            queue_depth_max: 1024,
+        }
+    }
+}
+
+impl LocalLogOptions {
+    fn validate(&self) -> io::Result<()> {
+        let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        if self.segment_bytes_max == 0 {
+            return invalid("segment_bytes_max must be at least 1".into());
+        }
+        if self.record_bytes_max > u32::MAX as usize {
+            return invalid(format!(
+                "record_bytes_max is {} but a record's length must fit in 32 bits",
+                self.record_bytes_max
+            ));
+        }
+        if self.batch_records_max == 0 || self.batch_bytes_max == 0 || self.queue_depth_max == 0 {
+            return invalid(
+                "batch_records_max, batch_bytes_max and queue_depth_max must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Opens the logs stored under one directory of this node. See the [module docs](self).
+pub struct LocalLogProvider {
+    dir: PathBuf,
+    options: LocalLogOptions,
+    /// One cell per log id, so that concurrent opens of the same id share one recovery and two
+    /// different ids recover in parallel.
+    logs: Mutex<HashMap<LogId, Arc<OnceCell<Arc<LocalLoglet>>>>>,
+}
+
+impl std::fmt::Debug for LocalLogProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalLogProvider")
+            .field("dir", &self.dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalLogProvider {
+    /// Creates `dir` if needed. Logs are opened (and recovered) lazily by [`LogProvider::open`].
+    ///
+    /// Fails with [`io::ErrorKind::InvalidInput`] for options out of range, or with the error of
+    /// creating `dir`. (No log is involved yet, so there is no log id for an [`Error`].)
+    pub fn open(dir: impl Into<PathBuf>, options: LocalLogOptions) -> io::Result<LocalLogProvider> {
+        options.validate()?;
+        let dir = dir.into();
+        create_dir_durably(&dir, options.fsync)?;
+        Ok(LocalLogProvider {
+            dir,
+            options,
+            logs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn options(&self) -> &LocalLogOptions {
+        &self.options
+    }
+
+    /// Like [`LogProvider::open`], with the concrete type.
+    pub async fn open_local(&self, log_id: LogId) -> Result<Arc<LocalLoglet>> {
+        let cell = self.logs.lock().entry(log_id).or_default().clone();
+        let loglet = cell
+            .get_or_try_init(|| {
+                let dir = self.dir.join(log_id.0.to_string());
+                let options = self.options.clone();
+                blocking(log_id, move || LocalLoglet::open(log_id, dir, options))
+            })
+            .await?;
+        Ok(loglet.clone())
+    }
+}
+
+#[async_trait]
+impl LogProvider for LocalLogProvider {
+    async fn open(&self, log_id: LogId) -> Result<Arc<dyn Loglet>> {
+        let loglet: Arc<dyn Loglet> = self.open_local(log_id).await?;
+        Ok(loglet)
+    }
+}
+
+/// One log of a [`LocalLogProvider`]. Dropping the last handle stops its writer thread; that
+/// waits for the batch the writer is busy with (at most one sync).
+pub struct LocalLoglet {
+    shared: Arc<Shared>,
+    /// `None` only while dropping: closing the queue is what tells the writer to stop.
+    requests: Option<mpsc::Sender<Request>>,
+    writer: Option<thread::JoinHandle<()>>,
+    /// Held for the flock on it; released when the log is dropped, after the writer stopped.
+    _lock: File,
+}
+
+/// What the writer and the readers share.
+struct Shared {
+    log_id: LogId,
+    dir: PathBuf,
+    options: LocalLogOptions,
+    state: Mutex<State>,
+    durable: watch::Sender<Durable>,
+    /// Set once the writer failed; the error every later request gets.
+    failure: Mutex<Option<(io::ErrorKind, String)>>,
+    /// How many batches the writer committed. Lets tests see that group commit happens.
+    batches: AtomicU64,
+}
+
+struct State {
+    trim_point: u64,
+    /// Last durable LSN. Only records up to it are read.
+    tail: u64,
+    /// Ordered by LSN and contiguous. May contain records at or below the trim point (in the
+    /// first segment, which also holds records above it).
+    segments: VecDeque<Segment>,
+}
+
+/// A segment as readers see it: only its durable part.
+struct Segment {
+    first_lsn: u64,
+    /// `first_lsn - 1` while empty.
+    last_lsn: u64,
+    /// Durable length in bytes.
+    len: u64,
+    /// `index[i]` is the offset of record `first_lsn + i * INDEX_INTERVAL`.
+    index: Vec<u64>,
+    path: PathBuf,
+    /// A read-only handle of its own, so that readers never share a file position with the writer.
+    file: Arc<File>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Durable {
+    tail: u64,
+    /// False once the writer stopped (shut down or failed); nobody will move the tail any more.
+    writer_running: bool,
+}
+
+enum Request {
+    Append {
+        payloads: Vec<Bytes>,
+        reply: oneshot::Sender<Result<Lsn>>,
+    },
+    Trim {
+        up_to: u64,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+impl LocalLoglet {
+    /// Recovers the log in `dir` and starts its writer. Blocking.
+    fn open(log_id: LogId, dir: PathBuf, options: LocalLogOptions) -> Result<Arc<LocalLoglet>> {
+        let recovered = recover(log_id, &dir, &options)?;
+        let (durable, _) = watch::channel(Durable {
+            tail: recovered.tail,
+            writer_running: true,
+        });
+        let shared = Arc::new(Shared {
+            log_id,
+            dir,
+            state: Mutex::new(State {
+                trim_point: recovered.trim_point,
+                tail: recovered.tail,
+                segments: recovered.segments,
+            }),
+            durable,
+            failure: Mutex::new(None),
+            batches: AtomicU64::new(0),
+            options,
+        });
+        let (requests, queue) = mpsc::channel(shared.options.queue_depth_max);
+        let writer = Writer {
+            shared: shared.clone(),
+            queue,
+            active: recovered.active,
+            tail: recovered.tail,
+            buf: Vec::new(),
+        };
+        let handle = thread::Builder::new()
+            .name(format!("cairn-log-{log_id}"))
+            .spawn(move || writer.run())
+            .map_err(|source| Error::Io {
+                log_id,
+                context: "starting the writer thread",
+                source,
+            })?;
+        Ok(Arc::new(LocalLoglet {
+            shared,
+            requests: Some(requests),
+            writer: Some(handle),
+            _lock: recovered.lock,
+        }))
+    }
+
+    async fn submit<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+    ) -> Result<T> {
+        let log_id = self.shared.log_id;
+        let requests = self.requests.as_ref().ok_or(Error::Shutdown { log_id })?;
+        let (reply, answer) = oneshot::channel();
+        requests
+            .send(make(reply))
+            .await
+            .map_err(|_| Error::Shutdown { log_id })?;
+        answer.await.map_err(|_| Error::Shutdown { log_id })?
+    }
+
+    #[cfg(test)]
+    fn batches(&self) -> u64 {
+        self.shared.batches.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for LocalLoglet {
+    fn drop(&mut self) {
+        // Closing the queue ends the writer's loop once it has answered what is queued. Waiting
+        // for it matters: a provider reopened on the same directory right after must not find a
+        // writer of the old one still appending behind its back.
+        drop(self.requests.take());
+        if let Some(writer) = self.writer.take()
+            && writer.join().is_err()
+        {
+            tracing::error!(log_id = %self.shared.log_id, "the log writer thread panicked");
+        }
+    }
+}
+
+#[async_trait]
+impl Loglet for LocalLoglet {
+    fn log_id(&self) -> LogId {
+        self.shared.log_id
+    }
+
+    async fn append(&self, payloads: Vec<Bytes>) -> Result<Lsn> {
+        if payloads.is_empty() {
+            return Ok(Lsn(self.shared.state.lock().tail));
+        }
+        let limit = self.shared.options.record_bytes_max;
+        if let Some(too_large) = payloads.iter().find(|p| p.len() > limit) {
+            return Err(Error::RecordTooLarge {
+                log_id: self.shared.log_id,
+                size: too_large.len(),
+                limit,
+            });
+        }
+        self.submit(|reply| Request::Append { payloads, reply })
+            .await
+    }
+
+    async fn read(&self, from: Lsn, max_records: usize) -> Result<Vec<Entry>> {
+        let plan = self.shared.plan_read(from.0, max_records)?;
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shared = self.shared.clone();
+        blocking(self.shared.log_id, move || shared.read_planned(plan)).await
+    }
+
+    async fn wait_for_tail(&self, lsn: Lsn) -> Result<()> {
+        let mut durable = self.shared.durable.subscribe();
+        let reached = durable
+            .wait_for(|d| d.tail >= lsn.0 || !d.writer_running)
+            .await
+            .map_err(|_| Error::Shutdown {
+                log_id: self.shared.log_id,
+            })?
+            .tail
+            >= lsn.0;
+        if reached {
+            Ok(())
+        } else {
+            Err(self.shared.stopped_error())
+        }
+    }
+
+    async fn trim(&self, up_to: Lsn) -> Result<()> {
+        if up_to.0 <= self.shared.state.lock().trim_point {
+            return Ok(());
+        }
+        self.submit(|reply| Request::Trim {
+            up_to: up_to.0,
+            reply,
+        })
+        .await
+    }
+
+    async fn state(&self) -> Result<LogState> {
+        let state = self.shared.state.lock();
+        Ok(LogState {
+            trim_point: Lsn(state.trim_point),
+            tail: Lsn(state.tail),
+        })
+    }
+}
+
+/// The part of one segment that a read needs.
+struct ReadSpan {
+    file: Arc<File>,
+    path: PathBuf,
+    /// The indexed record the walk starts at.
+    start_lsn: u64,
+    start_offset: u64,
+    /// The records to return.
+    from: u64,
+    to: u64,
+    /// Durable length of the segment when the read was planned; nothing past it is looked at.
+    end_offset: u64,
+}
+
+impl Shared {
+    fn io(&self, context: &'static str) -> impl FnOnce(io::Error) -> Error {
+        let log_id = self.log_id;
+        move |source| Error::Io {
+            log_id,
+            context,
+            source,
+        }
+    }
+
+    /// The error for a request that the writer will not serve any more.
+    fn stopped_error(&self) -> Error {
+        match &*self.failure.lock() {
+            Some((kind, message)) => Error::Io {
+                log_id: self.log_id,
+                context: "the log writer stopped after an I/O error; reopen the log",
+                source: io::Error::new(*kind, message.clone()),
+            },
+            None => Error::Shutdown {
+                log_id: self.log_id,
+            },
+        }
+    }
+
+    /// Decides under the state lock which bytes a read needs, so that the disk IO itself runs
+    /// without the lock.
+    fn plan_read(&self, from: u64, max_records: usize) -> Result<Vec<ReadSpan>> {
+        let state = self.state.lock();
+        if from <= state.trim_point {
+            return Err(Error::Trimmed {
+                log_id: self.log_id,
+                requested: Lsn(from),
+                trim_point: Lsn(state.trim_point),
+            });
+        }
+        if max_records == 0 || from > state.tail {
+            return Ok(Vec::new());
+        }
+        let to = state.tail.min(from.saturating_add(max_records as u64 - 1));
+        let first = state
+            .segments
+            .partition_point(|s| s.first_lsn <= from)
+            .saturating_sub(1);
+        let mut plan = Vec::new();
+        for segment in state.segments.range(first..) {
+            if segment.first_lsn > to {
+                break;
+            }
+            let lo = from.max(segment.first_lsn);
+            let hi = to.min(segment.last_lsn);
+            if lo > hi {
+                continue;
+            }
+            let slot = (lo - segment.first_lsn) / INDEX_INTERVAL;
+            let start_offset = *segment
+                .index
+                .get(slot as usize)
+                .expect("the index has an entry for every INDEX_INTERVAL-th durable record");
+            plan.push(ReadSpan {
+                file: segment.file.clone(),
+                path: segment.path.clone(),
+                start_lsn: segment.first_lsn + slot * INDEX_INTERVAL,
+                start_offset,
+                from: lo,
+                to: hi,
+                end_offset: segment.len,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Blocking.
+    fn read_planned(&self, plan: Vec<ReadSpan>) -> Result<Vec<Entry>> {
+        let mut entries = Vec::new();
+        for span in plan {
+            let mut reader = SegmentReader::new(&span.file, span.end_offset);
+            let mut pos = span.start_offset;
+            for lsn in span.start_lsn..=span.to {
+                let wanted = lsn >= span.from;
+                let (next, payload) = read_record(&mut reader, pos, lsn, wanted)
+                    .map_err(|e| e.into_error(self.log_id, &span.path, pos, "reading a segment"))?;
+                if let Some(payload) = payload {
+                    entries.push(Entry {
+                        lsn: Lsn(lsn),
+                        payload: Bytes::copy_from_slice(payload),
+                    });
+                }
+                pos = next;
+            }
+        }
+        Ok(entries)
+    }
+}
+
+/// The segment the writer appends to.
+struct Active {
+    file: File,
+    first_lsn: u64,
+    /// Bytes written to the file so far.
+    written: u64,
+}
+
+/// What a batch changed in one segment, published to readers once the batch is durable.
+struct SegmentUpdate {
+    first_lsn: u64,
+    last_lsn: u64,
+    len: u64,
+    new_index: Vec<u64>,
+}
+
+/// Owns the write side of one log; runs on its own thread.
+struct Writer {
+    shared: Arc<Shared>,
+    queue: mpsc::Receiver<Request>,
+    active: Option<Active>,
+    /// Last durable LSN; the writer is the only one that moves it.
+    tail: u64,
+    /// Encoded records not yet handed to the kernel; reused between batches.
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        while let Some(first) = self.queue.blocking_recv() {
+            let mut appends = Vec::new();
+            let mut trims = Vec::new();
+            let (mut records, mut bytes) = (0usize, 0usize);
+            let mut next = Some(first);
+            while let Some(request) = next.take() {
+                match request {
+                    Request::Append { payloads, reply } => {
+                        records += payloads.len();
+                        bytes += payloads.iter().map(Bytes::len).sum::<usize>();
+                        appends.push((payloads, reply));
+                    }
+                    Request::Trim { up_to, reply } => trims.push((up_to, reply)),
+                }
+                if records < self.shared.options.batch_records_max
+                    && bytes < self.shared.options.batch_bytes_max
+                {
+                    next = self.queue.try_recv().ok();
+                }
+            }
+            self.serve_appends(appends);
+            for (up_to, reply) in trims {
+                let _ = reply.send(self.serve_trim(up_to));
+            }
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.shared.failure.lock().is_some()
+    }
+
+    fn serve_appends(&mut self, appends: Vec<(Vec<Bytes>, oneshot::Sender<Result<Lsn>>)>) {
+        if appends.is_empty() {
+            return;
+        }
+        if self.failed() {
+            for (_, reply) in appends {
+                let _ = reply.send(Err(self.shared.stopped_error()));
+            }
+            return;
+        }
+        let batch: Vec<&[Bytes]> = appends.iter().map(|(p, _)| p.as_slice()).collect();
+        match self.write_batch(&batch) {
+            Ok(lasts) => {
+                for ((_, reply), last) in appends.into_iter().zip(lasts) {
+                    // The caller may have given up waiting; the records are durable regardless.
+                    let _ = reply.send(Ok(Lsn(last)));
+                }
+            }
+            Err((context, error)) => {
+                tracing::error!(
+                    log_id = %self.shared.log_id, %error, context,
+                    "log write failed; the log refuses further appends until it is reopened"
+                );
+                *self.shared.failure.lock() = Some((error.kind(), format!("{context}: {error}")));
+                self.shared
+                    .durable
+                    .send_modify(|d| d.writer_running = false);
+                let mut source = Some(error);
+                for (_, reply) in appends {
+                    let source = source.take().unwrap_or_else(|| {
+                        io::Error::other("an earlier write of the batch failed")
+                    });
+                    let _ = reply.send(Err(Error::Io {
+                        log_id: self.shared.log_id,
+                        context,
+                        source,
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Writes and syncs the batch, then publishes it. Returns the last LSN of each append.
+    fn write_batch(&mut self, batch: &[&[Bytes]]) -> Result<Vec<u64>, (&'static str, io::Error)> {
+        let max = self.shared.options.segment_bytes_max;
+        let mut next = self.tail + 1;
+        let mut updates: Vec<SegmentUpdate> = Vec::new();
+        let mut lasts = Vec::with_capacity(batch.len());
+        for payloads in batch {
+            for payload in *payloads {
+                let record_len = (HEADER_BYTES + payload.len()) as u64;
+                let active_len = self
+                    .active
+                    .as_ref()
+                    .map(|a| a.written + self.buf.len() as u64);
+                let roll = match active_len {
+                    None => true,
+                    Some(len) => len > 0 && len + record_len > max,
+                };
+                if roll {
+                    self.roll(next)?;
+                }
+                let active = self
+                    .active
+                    .as_ref()
+                    .expect("roll() leaves an active segment");
+                let offset = active.written + self.buf.len() as u64;
+                if updates.last().map(|u| u.first_lsn) != Some(active.first_lsn) {
+                    updates.push(SegmentUpdate {
+                        first_lsn: active.first_lsn,
+                        last_lsn: 0,
+                        len: 0,
+                        new_index: Vec::new(),
+                    });
+                }
+                let update = updates.last_mut().expect("pushed above");
+                if (next - active.first_lsn).is_multiple_of(INDEX_INTERVAL) {
+                    update.new_index.push(offset);
+                }
+                update.last_lsn = next;
+                update.len = offset + record_len;
+                encode_record(&mut self.buf, next, payload);
+                if self.buf.len() >= WRITE_CHUNK_BYTES {
+                    self.flush()?;
+                }
+                next += 1;
+            }
+            lasts.push(next - 1);
+        }
+        self.flush()?;
+        self.sync_active()?;
+        if self.buf.capacity() > 2 * WRITE_CHUNK_BYTES {
+            self.buf = Vec::new();
+        }
+
+        let tail = next - 1;
+        {
+            let mut state = self.shared.state.lock();
+            for update in updates {
+                let segment = state
+                    .segments
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.first_lsn == update.first_lsn)
+                    .expect("the writer registers a segment before writing to it");
+                segment.last_lsn = update.last_lsn;
+                segment.len = update.len;
+                segment.index.extend(update.new_index);
+            }
+            state.tail = tail;
+        }
+        self.tail = tail;
+        self.shared.durable.send_modify(|d| d.tail = tail);
+        self.shared.batches.fetch_add(1, Ordering::Relaxed);
+        Ok(lasts)
+    }
+
+    fn flush(&mut self) -> Result<(), (&'static str, io::Error)> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let active = self
+            .active
+            .as_mut()
+            .expect("records are only buffered for an active segment");
+        active
+            .file
+            .write_all_at(&self.buf, active.written)
+            .map_err(|e| ("writing a segment", e))?;
+        active.written += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn sync_active(&mut self) -> Result<(), (&'static str, io::Error)> {
+        match &self.active {
+            Some(active) if self.shared.options.fsync => active
+                .file
+                .sync_data()
+                .map_err(|e| ("syncing a segment", e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts a new segment whose first record will be `first_lsn`.
+    fn roll(&mut self, first_lsn: u64) -> Result<(), (&'static str, io::Error)> {
+        // Sync the segment being left first: recovery tolerates a torn tail only in the last
+        // segment, so no older segment may ever end in unsynced bytes.
+        self.flush()?;
+        self.sync_active()?;
+        let path = self.shared.dir.join(segment_file_name(first_lsn));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| ("creating a segment", e))?;
+        if self.shared.options.fsync {
+            sync_dir(&self.shared.dir).map_err(|e| ("syncing the log directory", e))?;
+        }
+        let reader = File::open(&path).map_err(|e| ("opening a segment for reads", e))?;
+        self.shared.state.lock().segments.push_back(Segment {
+            first_lsn,
+            last_lsn: first_lsn - 1,
+            len: 0,
+            index: Vec::new(),
+            path,
+            file: Arc::new(reader),
+        });
+        tracing::debug!(log_id = %self.shared.log_id, first_lsn, "started a new log segment");
+        self.active = Some(Active {
+            file,
+            first_lsn,
+            written: 0,
+        });
+        Ok(())
+    }
+
+    fn serve_trim(&mut self, up_to: u64) -> Result<()> {
+        if self.failed() {
+            return Err(self.shared.stopped_error());
+        }
+        let current = self.shared.state.lock().trim_point;
+        let trim_point = up_to.min(self.tail);
+        if trim_point <= current {
+            return Ok(());
+        }
+        write_trim_point(&self.shared.dir, trim_point, self.shared.options.fsync)
+            .map_err(self.shared.io("persisting the trim point"))?;
+        let removed: Vec<Segment> = {
+            let mut state = self.shared.state.lock();
+            state.trim_point = trim_point;
+            let mut removed = Vec::new();
+            while state
+                .segments
+                .front()
+                .is_some_and(|s| s.last_lsn <= trim_point)
+            {
+                removed.extend(state.segments.pop_front());
+            }
+            removed
+        };
+        for segment in removed {
+            if self
+                .active
+                .as_ref()
+                .is_some_and(|a| a.first_lsn == segment.first_lsn)
+            {
+                // Everything was trimmed; the next append starts a segment at `tail + 1`.
+                self.active = None;
+            }
+            // Readers still holding the file keep reading it; unlinking only frees the name.
+            // Not syncing the directory is fine: recovery deletes a segment that reappears.
+            if let Err(error) = fs::remove_file(&segment.path) {
+                tracing::warn!(
+                    log_id = %self.shared.log_id, path = %segment.path.display(), %error,
+                    "could not delete a trimmed log segment; the next recovery will retry"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Also runs if the writer panics: whoever waits for the tail must learn that it will not
+        // move any more rather than wait forever.
+        self.shared
+            .durable
+            .send_modify(|d| d.writer_running = false);
+    }
+}
+
+fn encode_record(buf: &mut Vec<u8>, lsn: u64, payload: &[u8]) {
+    let len = u32::try_from(payload.len())
+        .expect("record_bytes_max (checked at append) fits in 32 bits")
+        .to_le_bytes();
+    let lsn = lsn.to_le_bytes();
+    buf.extend_from_slice(&len);
+    buf.extend_from_slice(&record_crc(len, lsn, payload).to_le_bytes());
+    buf.extend_from_slice(&lsn);
+    buf.extend_from_slice(payload);
+}
+
+fn record_crc(len: [u8; 4], lsn: [u8; 8], payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&len);
+    let crc = crc32c::crc32c_append(crc, &lsn);
+    crc32c::crc32c_append(crc, payload)
+}
+
+fn segment_file_name(first_lsn: u64) -> String {
+    format!("{first_lsn:020}{SEGMENT_SUFFIX}")
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and its missing ancestors and, with `fsync`, syncs the parent of every directory
+/// it created: a segment synced into a directory whose own entry never reached the disk would be
+/// lost with it.
+fn create_dir_durably(dir: &Path, fsync: bool) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut ancestor = Some(dir);
+    while let Some(path) = ancestor.filter(|p| !p.as_os_str().is_empty() && !p.exists()) {
+        missing.push(path);
+        ancestor = path.parent();
+    }
+    fs::create_dir_all(dir)?;
+    if fsync {
+        for created in missing.iter().rev() {
+            match created.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent)?,
+                _ => sync_dir(Path::new("."))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_trim_point(dir: &Path, trim_point: u64, fsync: bool) -> io::Result<()> {
+    let tmp = dir.join(TRIM_POINT_TMP_FILE);
+    let value = trim_point.to_le_bytes();
+    let mut content = value.to_vec();
+    content.extend_from_slice(&crc32c::crc32c(&value).to_le_bytes());
+    {
+        let file = File::create(&tmp)?;
+        file.write_all_at(&content, 0)?;
+        if fsync {
+            file.sync_data()?;
+        }
+    }
+    fs::rename(&tmp, dir.join(TRIM_POINT_FILE))?;
+    if fsync {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Why a record could not be read.
+enum RecordError {
+    Io(io::Error),
+    /// Short, fails its checksum or is not the record expected there.
+    Invalid(String),
+}
+
+impl From<io::Error> for RecordError {
+    fn from(e: io::Error) -> Self {
+        RecordError::Io(e)
+    }
+}
+
+impl RecordError {
+    fn into_error(self, log_id: LogId, path: &Path, offset: u64, context: &'static str) -> Error {
+        match self {
+            RecordError::Io(source) => Error::Io {
+                log_id,
+                context,
+                source,
+            },
+            RecordError::Invalid(detail) => Error::Corrupt {
+                log_id,
+                path: path.display().to_string(),
+                detail: format!("record at offset {offset}: {detail}"),
+            },
+        }
+    }
+}
+
+/// Positional reads of a segment's first `end` bytes through a buffer.
+struct SegmentReader<'f> {
+    file: &'f File,
+    end: u64,
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    buf_start: u64,
+}
+
+impl<'f> SegmentReader<'f> {
+    fn new(file: &'f File, end: u64) -> Self {
+        SegmentReader {
+            file,
+            end,
+            buf: Vec::new(),
+            buf_start: 0,
+        }
+    }
+
+    fn read(&mut self, offset: u64, len: usize) -> Result<&[u8], RecordError> {
+        let available = self.end.saturating_sub(offset);
+        if (len as u64) > available {
+            return Err(RecordError::Invalid(format!(
+                "needs {len} bytes but the segment has {available} left"
+            )));
+        }
+        let cached = offset >= self.buf_start
+            && offset + len as u64 <= self.buf_start + self.buf.len() as u64;
+        if !cached {
+            // `available` is at least `len`, so this fits in usize.
+            let fetch = (len.max(READ_CHUNK_BYTES) as u64).min(available) as usize;
+            self.buf.resize(fetch, 0);
+            self.file.read_exact_at(&mut self.buf, offset)?;
+            self.buf_start = offset;
+        }
+        let start = (offset - self.buf_start) as usize;
+        Ok(&self.buf[start..start + len])
+    }
+}
+
+/// Reads the record at `offset`, which must be `expected_lsn`. Returns the offset of the next
+/// record and, if `payload` is set, the payload after checking its checksum.
+fn read_record<'r>(
+    reader: &'r mut SegmentReader<'_>,
+    offset: u64,
+    expected_lsn: u64,
+    payload: bool,
+) -> Result<(u64, Option<&'r [u8]>), RecordError> {
+    let header: [u8; HEADER_BYTES] = reader
+        .read(offset, HEADER_BYTES)?
+        .try_into()
+        .expect("read returns exactly the requested length");
+    let len_bytes: [u8; 4] = header[0..4].try_into().expect("4 bytes");
+    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    let lsn_bytes: [u8; 8] = header[8..16].try_into().expect("8 bytes");
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let lsn = u64::from_le_bytes(lsn_bytes);
+    if lsn != expected_lsn {
+        return Err(RecordError::Invalid(format!(
+            "expected LSN {expected_lsn}, found {lsn}"
+        )));
+    }
+    let payload_offset = offset + HEADER_BYTES as u64;
+    let next = payload_offset + len as u64;
+    if next > reader.end {
+        return Err(RecordError::Invalid(format!(
+            "a payload of {len} bytes runs past the end of the segment ({} bytes)",
+            reader.end
+        )));
+    }
+    if !payload {
+        return Ok((next, None));
+    }
+    let bytes = reader.read(payload_offset, len)?;
+    if record_crc(len_bytes, lsn_bytes, bytes) != crc {
+        return Err(RecordError::Invalid(format!(
+            "checksum mismatch in the record of LSN {lsn}"
+        )));
+    }
+    Ok((next, Some(bytes)))
+}
+
+/// What recovery found.
+struct Recovered {
+    trim_point: u64,
+    tail: u64,
+    segments: VecDeque<Segment>,
+    active: Option<Active>,
+    lock: File,
+}
+
+/// Brings a log directory back to a consistent state and loads what readers and the writer need.
+/// Blocking.
+fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recovered> {
+    let io_err = |context: &'static str| {
+        move |source| Error::Io {
+            log_id,
+            context,
+            source,
+        }
+    };
+    let corrupt = |path: &Path, detail: String| Error::Corrupt {
+        log_id,
+        path: path.display().to_string(),
+        detail,
+    };
+
+    create_dir_durably(dir, options.fsync).map_err(io_err("creating the log directory"))?;
+
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))
+        .map_err(io_err("opening the lock file"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => {
+            return Err(Error::Io {
+                log_id,
+                context: "locking the log directory",
+                source: io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!("{} is in use by another open log provider", dir.display()),
+                ),
+            });
+        }
+        Err(fs::TryLockError::Error(e)) => return Err(io_err("locking the log directory")(e)),
+    }
+
+    // A leftover temporary file is a trim that crashed before its rename: it never happened.
+    match fs::remove_file(dir.join(TRIM_POINT_TMP_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io_err("removing a stale temporary trim point")(e));
+        }
+        _ => {}
+    }
+    let trim_path = dir.join(TRIM_POINT_FILE);
+    let trim_point = match fs::read(&trim_path) {
+        Ok(content) => {
+            let (value, crc) = content
+                .split_first_chunk::<8>()
+                .and_then(|(v, rest)| Some((v, <[u8; 4]>::try_from(rest).ok()?)))
+                .ok_or_else(|| {
+                    corrupt(
+                        &trim_path,
+                        format!("expected 12 bytes, found {}", content.len()),
+                    )
+                })?;
+            if crc32c::crc32c(value) != u32::from_le_bytes(crc) {
+                return Err(corrupt(&trim_path, "checksum mismatch".into()));
+            }
+            u64::from_le_bytes(*value)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(io_err("reading the trim point")(e)),
+    };
+
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
+        let entry = entry.map_err(io_err("listing the log directory"))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(SEGMENT_SUFFIX)) else {
+            continue;
+        };
+        let path = entry.path();
+        match stem.parse::<u64>() {
+            Ok(first_lsn) if first_lsn > 0 => files.push((first_lsn, path)),
+            _ => return Err(corrupt(&path, "not a valid segment file name".into())),
+        }
+    }
+    files.sort_unstable_by_key(|(first_lsn, _)| *first_lsn);
+
+    let remove = |path: &Path| {
+        fs::remove_file(path).map_err(io_err("deleting a trimmed segment"))?;
+        tracing::info!(log_id = %log_id, path = %path.display(), "deleted a trimmed log segment");
+        Ok::<_, Error>(())
+    };
+
+    // A segment followed by one that starts at or below `trim_point + 1` holds only trimmed
+    // records: a trim crashed before deleting it. Deleting it without reading it also means that
+    // damage in data nobody can read any more does not stop the log from opening.
+    let mut kept = Vec::with_capacity(files.len());
+    for (i, (first_lsn, path)) in files.iter().enumerate() {
+        match files.get(i + 1) {
+            Some((next_first, _)) if *next_first <= trim_point + 1 => remove(path)?,
+            _ => kept.push((*first_lsn, path.clone())),
+        }
+    }
+
+    let mut segments: VecDeque<Segment> = VecDeque::new();
+    let mut last_file = None;
+    let count = kept.len();
+    for (i, (first_lsn, path)) in kept.into_iter().enumerate() {
+        let is_last = i + 1 == count;
+        if let Some(previous) = segments.back()
+            && first_lsn != previous.last_lsn + 1
+        {
+            return Err(corrupt(
+                &path,
+                format!(
+                    "the previous segment ends at LSN {}, but this one starts at LSN {first_lsn}",
+                    previous.last_lsn
+                ),
+            ));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(is_last)
+            .open(&path)
+            .map_err(io_err("opening a segment"))?;
+        let file_len = file
+            .metadata()
+            .map_err(io_err("reading the size of a segment"))?
+            .len();
+        let mut reader = SegmentReader::new(&file, file_len);
+        let mut index = Vec::new();
+        let mut lsn = first_lsn;
+        let mut offset = 0;
+        while offset < file_len {
+            match read_record(&mut reader, offset, lsn, true) {
+                Ok((next, _)) => {
+                    if (lsn - first_lsn).is_multiple_of(INDEX_INTERVAL) {
+                        index.push(offset);
+                    }
+                    offset = next;
+                    lsn += 1;
+                }
+                // Only the last segment can end in bytes that were never synced (the writer
+                // syncs a segment before starting the next), so only there is damage a crash.
+                Err(RecordError::Invalid(detail)) if is_last => {
+                    tracing::warn!(
+                        log_id = %log_id, path = %path.display(), offset,
+                        dropped_bytes = file_len - offset, %detail,
+                        "truncating the torn tail of the log (records that were never acknowledged)"
+                    );
+                    file.set_len(offset)
+                        .map_err(io_err("truncating the torn tail of a segment"))?;
+                    if options.fsync {
+                        file.sync_data()
+                            .map_err(io_err("truncating the torn tail of a segment"))?;
+                    }
+                    break;
+                }
+                Err(e) => return Err(e.into_error(log_id, &path, offset, "recovering a segment")),
+            }
+        }
+        drop(reader);
+        let reader = File::open(&path).map_err(io_err("opening a segment for reads"))?;
+        segments.push_back(Segment {
+            first_lsn,
+            last_lsn: lsn - 1,
+            len: offset,
+            index,
+            path,
+            file: Arc::new(reader),
+        });
+        if is_last {
+            last_file = Some(file);
+        }
+    }
+
+    // Wholly trimmed segments left over from a crashed trim. Segments are contiguous, so their
+    // last LSNs only grow and these are all at the front.
+    while let Some(segment) = segments.front()
+        && segment.last_lsn <= trim_point
+    {
+        let segment = segments.pop_front().expect("checked");
+        if segments.is_empty() {
+            last_file = None;
+        }
+        remove(&segment.path)?;
+    }
+    if let Some(first) = segments.front()
+        && first.first_lsn > trim_point + 1
+    {
+        return Err(corrupt(
+            &first.path,
+            format!(
+                "the log continues after the trim point {trim_point}, but its first segment \
+                 starts at LSN {}: records are missing",
+                first.first_lsn
+            ),
+        ));
+    }
+
+    let active = match (segments.back(), last_file) {
+        (Some(segment), Some(file)) => Some(Active {
+            file,
+            first_lsn: segment.first_lsn,
+            written: segment.len,
+        }),
+        _ => None,
+    };
+    // With no segment left, the trim point is the tail: everything up to it existed.
+    let tail = segments.back().map_or(trim_point, |s| s.last_lsn);
+    tracing::info!(log_id = %log_id, trim_point, tail, segments = segments.len(), "recovered the log");
+    Ok(Recovered {
+        trim_point,
+        tail,
+        segments,
+        active,
+        lock,
+    })
+}
+
+/// Runs blocking IO on tokio's blocking pool, so that a slow disk does not stall async tasks.
+async fn blocking<T: Send + 'static>(
+    log_id: LogId,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down.
+        Err(_) => Err(Error::Shutdown { log_id }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tempfile::TempDir;
+
+    /// A provider that owns its temporary directory, so that the conformance cases can hold it as
+    /// a plain `Arc<dyn LogProvider>`. Fields drop in order: the logs stop before the directory
+    /// goes.
+    struct TempProvider {
+        provider: LocalLogProvider,
+        _dir: TempDir,
+    }
+
+    #[async_trait]
+    impl LogProvider for TempProvider {
+        async fn open(&self, log_id: LogId) -> Result<Arc<dyn Loglet>> {
+            self.provider.open(log_id).await
+        }
+    }
+
+    async fn fresh_provider() -> Arc<dyn LogProvider> {
+        let dir = TempDir::new().expect("temporary directory");
+        let provider =
+            LocalLogProvider::open(dir.path(), LocalLogOptions::default()).expect("open provider");
+        Arc::new(TempProvider {
+            provider,
+            _dir: dir,
+        })
+    }
+
+    mod conformance {
+        use super::fresh_provider;
+
+        crate::conformance_tests!(fresh_provider);
+
+        #[tokio::test]
+        async fn run_all_passes_with_tiny_segments() {
+            // Every case again, with segments so small that most reads and trims cross segment
+            // boundaries, and every record is in a segment of its own or shares one with a few.
+            crate::conformance::run_all(|| async {
+                let dir = tempfile::TempDir::new().expect("temporary directory");
+                let options = super::LocalLogOptions {
+                    segment_bytes_max: 100,
+                    ..Default::default()
+                };
+                let provider =
+                    super::LocalLogProvider::open(dir.path(), options).expect("open provider");
+                std::sync::Arc::new(super::TempProvider {
+                    provider,
+                    _dir: dir,
+                }) as std::sync::Arc<dyn crate::LogProvider>
+            })
+            .await;
+        }
+    }
+
+    fn provider(dir: &Path, options: LocalLogOptions) -> LocalLogProvider {
+        LocalLogProvider::open(dir, options).expect("open provider")
+    }
+
+    fn tiny_segments() -> LocalLogOptions {
+        // 16 header bytes + 34 payload bytes = 50 bytes per record: 4 records per segment.
+        LocalLogOptions {
+            segment_bytes_max: 200,
+            ..Default::default()
+        }
+    }
+
+    /// A 34-byte payload naming its LSN.
+    fn record(lsn: u64) -> Bytes {
+        Bytes::from(format!("record-{lsn:027}"))
+    }
+
+    fn records(first: u64, last: u64) -> Vec<Entry> {
+        (first..=last)
+            .map(|lsn| Entry {
+                lsn: Lsn(lsn),
+                payload: record(lsn),
+            })
+            .collect()
+    }
+
+    async fn append_records(log: &LocalLoglet, first: u64, last: u64) {
+        for lsn in first..=last {
+            assert_eq!(
+                log.append(vec![record(lsn)]).await.expect("append"),
+                Lsn(lsn)
+            );
+        }
+    }
+
+    fn segment_names(log_dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(log_dir)
+            .expect("list log directory")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(SEGMENT_SUFFIX))
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn state_of(trim_point: u64, tail: u64) -> LogState {
+        LogState {
+            trim_point: Lsn(trim_point),
+            tail: Lsn(tail),
+        }
+    }
+
+    #[tokio::test]
+    async fn reopening_keeps_records_tail_and_trim_point() {
+        let dir = TempDir::new().expect("temporary directory");
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            let batch: Vec<Bytes> = (1..=300).map(record).collect();
+            assert_eq!(log.append(batch).await.expect("append"), Lsn(300));
+            log.trim(Lsn(10)).await.expect("trim");
+        }
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_eq!(log.state().await.expect("state"), state_of(10, 300));
+        assert_eq!(
+            log.read(Lsn(11), 1000).await.expect("read"),
+            records(11, 300)
+        );
+        // From the middle of an index interval, after recovery rebuilt the index.
+        assert_eq!(
+            log.read(Lsn(150), 3).await.expect("read"),
+            records(150, 152)
+        );
+        assert!(matches!(
+            log.read(Lsn(10), 1).await,
+            Err(Error::Trimmed { .. })
+        ));
+        assert_eq!(
+            log.append(vec![record(301)]).await.expect("append"),
+            Lsn(301)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_torn_tail_is_cut_and_appends_continue_after_it() {
+        let dir = TempDir::new().expect("temporary directory");
+        let log_dir = dir.path().join("1");
+        let segment = log_dir.join(segment_file_name(1));
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 5).await;
+        }
+        let intact_len = fs::metadata(&segment).expect("segment").len();
+
+        // A crash in the middle of writing record 6: a complete header, half of the payload.
+        let mut torn = Vec::new();
+        encode_record(&mut torn, 6, &record(6));
+        torn.truncate(HEADER_BYTES + 10);
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&segment)
+            .expect("segment");
+        std::io::Write::write_all(&mut &file, &torn).expect("write torn record");
+        drop(file);
+
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("reopen");
+            assert_eq!(log.state().await.expect("state"), state_of(0, 5));
+            assert_eq!(fs::metadata(&segment).expect("segment").len(), intact_len);
+            append_records(&log, 6, 7).await;
+            assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 7));
+        }
+
+        // Garbage after the last record, and a bit flip inside the (new) last record.
+        let mut bytes = fs::read(&segment).expect("segment");
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x40;
+        bytes.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]);
+        fs::write(&segment, &bytes).expect("damage segment");
+
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_eq!(log.state().await.expect("state"), state_of(0, 6));
+        assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 6));
+        append_records(&log, 7, 8).await;
+        assert_eq!(log.read(Lsn(5), 100).await.expect("read"), records(5, 8));
+    }
+
+    #[tokio::test]
+    async fn damage_in_an_older_segment_is_corruption() {
+        let dir = TempDir::new().expect("temporary directory");
+        {
+            let provider = provider(dir.path(), tiny_segments());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 10).await;
+        }
+        let first = dir.path().join("1").join(segment_file_name(1));
+        let mut bytes = fs::read(&first).expect("segment");
+        bytes[HEADER_BYTES + 3] ^= 0x01;
+        fs::write(&first, &bytes).expect("damage segment");
+
+        let provider = provider(dir.path(), tiny_segments());
+        match provider.open(LogId(1)).await {
+            Err(Error::Corrupt { path, detail, .. }) => {
+                assert!(path.ends_with("00000000000000000001.seg"), "{path}");
+                assert!(detail.contains("checksum"), "{detail}");
+            }
+            Err(other) => panic!("expected corruption, got {other}"),
+            Ok(_) => panic!("expected corruption, the log opened"),
+        }
+    }
+
+    #[tokio::test]
+    async fn segments_roll_and_trimming_deletes_whole_segments() {
+        let dir = TempDir::new().expect("temporary directory");
+        let log_dir = dir.path().join("1");
+        {
+            let provider = provider(dir.path(), tiny_segments());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 10).await;
+            // One batch that crosses segment boundaries.
+            let batch = (11..=20).map(record).collect();
+            assert_eq!(log.append(batch).await.expect("append"), Lsn(20));
+            assert_eq!(
+                segment_names(&log_dir),
+                [1, 5, 9, 13, 17].map(segment_file_name)
+            );
+
+            log.trim(Lsn(10)).await.expect("trim");
+            // 9.seg holds 9..=12, so it stays; the two before it hold only trimmed records.
+            assert_eq!(segment_names(&log_dir), [9, 13, 17].map(segment_file_name));
+            assert_eq!(log.read(Lsn(11), 100).await.expect("read"), records(11, 20));
+            assert!(matches!(
+                log.read(Lsn(9), 1).await,
+                Err(Error::Trimmed { .. })
+            ));
+        }
+        {
+            let provider = provider(dir.path(), tiny_segments());
+            let log = provider.open_local(LogId(1)).await.expect("reopen");
+            assert_eq!(log.state().await.expect("state"), state_of(10, 20));
+            assert_eq!(log.read(Lsn(11), 100).await.expect("read"), records(11, 20));
+            log.trim(Lsn(20)).await.expect("trim");
+            assert_eq!(segment_names(&log_dir), Vec::<String>::new());
+        }
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_eq!(log.state().await.expect("state"), state_of(20, 20));
+        append_records(&log, 21, 21).await;
+        assert_eq!(segment_names(&log_dir), [segment_file_name(21)]);
+        assert_eq!(log.read(Lsn(21), 10).await.expect("read"), records(21, 21));
+    }
+
+    #[tokio::test]
+    async fn recovery_finishes_a_trim_that_crashed_before_deleting() {
+        let dir = TempDir::new().expect("temporary directory");
+        let log_dir = dir.path().join("1");
+        {
+            let provider = provider(dir.path(), tiny_segments());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 20).await;
+        }
+        // The trim point reached the disk, the deletions did not.
+        write_trim_point(&log_dir, 13, true).expect("write trim point");
+        fs::write(log_dir.join(TRIM_POINT_TMP_FILE), b"half").expect("stale temporary file");
+
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_eq!(log.state().await.expect("state"), state_of(13, 20));
+        assert_eq!(segment_names(&log_dir), [13, 17].map(segment_file_name));
+        assert!(!log_dir.join(TRIM_POINT_TMP_FILE).exists());
+        assert_eq!(log.read(Lsn(14), 100).await.expect("read"), records(14, 20));
+    }
+
+    #[tokio::test]
+    async fn records_over_the_limit_are_refused_whole() {
+        let dir = TempDir::new().expect("temporary directory");
+        let options = LocalLogOptions {
+            record_bytes_max: 16,
+            ..Default::default()
+        };
+        let provider = provider(dir.path(), options);
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        let fits = Bytes::from(vec![7u8; 16]);
+        let too_large = Bytes::from(vec![7u8; 17]);
+        assert_eq!(
+            log.append(vec![fits.clone()]).await.expect("append"),
+            Lsn(1)
+        );
+        match log.append(vec![fits.clone(), too_large]).await {
+            Err(Error::RecordTooLarge { size, limit, .. }) => assert_eq!((size, limit), (17, 16)),
+            other => panic!("expected RecordTooLarge, got {other:?}"),
+        }
+        // Nothing of the refused batch was written.
+        assert_eq!(log.state().await.expect("state"), state_of(0, 1));
+        assert_eq!(log.append(vec![fits]).await.expect("append"), Lsn(2));
+    }
+
+    #[tokio::test]
+    async fn large_records_round_trip() {
+        let dir = TempDir::new().expect("temporary directory");
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        // Larger than a read chunk and a write chunk, between small records.
+        let large = Bytes::from(
+            (0..3 * WRITE_CHUNK_BYTES)
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let batch = vec![record(1), large.clone(), record(3)];
+        assert_eq!(log.append(batch).await.expect("append"), Lsn(3));
+        let entries = log.read(Lsn(1), 10).await.expect("read");
+        let payloads: Vec<Bytes> = entries.into_iter().map(|e| e.payload).collect();
+        assert_eq!(payloads, vec![record(1), large.clone(), record(3)]);
+        drop(log);
+        drop(provider);
+
+        let provider = self::provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_eq!(log.read(Lsn(2), 1).await.expect("read")[0].payload, large);
+    }
+
+    #[tokio::test]
+    async fn opening_twice_returns_the_same_arc() {
+        let dir = TempDir::new().expect("temporary directory");
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let a = provider.open(LogId(3)).await.expect("open");
+        let b = provider.open(LogId(3)).await.expect("open");
+        assert!(std::ptr::addr_eq(Arc::as_ptr(&a), Arc::as_ptr(&b)));
+    }
+
+    #[tokio::test]
+    async fn a_second_provider_cannot_open_a_log_in_use() {
+        let dir = TempDir::new().expect("temporary directory");
+        let first = provider(dir.path(), LocalLogOptions::default());
+        let log = first.open(LogId(1)).await.expect("open");
+        let second = provider(dir.path(), LocalLogOptions::default());
+        match second.open(LogId(1)).await {
+            Err(Error::Io { source, .. }) => {
+                assert_eq!(source.kind(), io::ErrorKind::WouldBlock);
+            }
+            Err(other) => panic!("expected a lock conflict, got {other}"),
+            Ok(_) => panic!("two providers opened the same log"),
+        }
+        // Once the first provider and its handles are gone, the log is free again.
+        drop(log);
+        drop(first);
+        second
+            .open(LogId(1))
+            .await
+            .expect("open after the first let go");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appends_share_syncs() {
+        const APPENDS: usize = 200;
+        let dir = TempDir::new().expect("temporary directory");
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        let tasks: Vec<_> = (0..APPENDS)
+            .map(|i| {
+                let log = log.clone();
+                tokio::spawn(async move { log.append(vec![record(i as u64)]).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task").expect("append");
+        }
+        assert_eq!(log.state().await.expect("state").tail, Lsn(APPENDS as u64));
+        let batches = log.batches();
+        assert!(
+            batches < APPENDS as u64,
+            "{APPENDS} concurrent appends took {batches} syncs"
+        );
+    }
+
+    #[test]
+    fn invalid_options_are_refused() {
+        let dir = TempDir::new().expect("temporary directory");
+        for options in [
+            LocalLogOptions {
+                queue_depth_max: 0,
+                ..Default::default()
+            },
+            LocalLogOptions {
+                segment_bytes_max: 0,
+                ..Default::default()
+            },
+            LocalLogOptions {
+                record_bytes_max: u32::MAX as usize + 1,
+                ..Default::default()
+            },
+        ] {
+            let error = LocalLogProvider::open(dir.path(), options).expect_err("invalid options");
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! Cluster metadata: which cluster this is, how many partitions it has, and who leads each.
+//!
+//! [`MetadataStore`] is a small versioned key-value store with compare-and-swap. Every change goes
+//! through [`Precondition`], so two writers can never both believe they won. Providers: [`local`]
+//! (a file in the base dir, for a single node).
+//!
+//! Architecture invariant: metadata is small and changes rarely. Nothing on the write path of a
+//! key reads it.
+
+pub mod local;
+mod records;
+
+pub use records::{ClusterRecord, PartitionPlacement, PartitionTable};
+
+use async_trait::async_trait;
+
+/// Version of a stored value; starts at 1 and grows by one with every successful put.
+pub type Version = u64;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned {
+    pub version: Version,
+    pub value: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    None,
+    DoesNotExist,
+    MatchesVersion(Version),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "metadata key {key}: precondition {expected:?} failed; the current version is {current:?}"
+    )]
+    PreconditionFailed {
+        key: String,
+        expected: Precondition,
+        current: Option<Version>,
+    },
+    #[error("metadata store at {path}: {context}: {source}")]
+    Io {
+        path: String,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metadata store at {path} is corrupt: {detail}")]
+    Corrupt { path: String, detail: String },
+    #[error("metadata key {key} does not hold a valid {what}: {detail}")]
+    Decode {
+        key: String,
+        what: &'static str,
+        detail: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[async_trait]
+pub trait MetadataStore: Send + Sync + 'static {
+    async fn get(&self, key: &str) -> Result<Option<Versioned>>;
+
+    /// Stores `value` under `key` if `precondition` holds and returns the new version.
+    async fn put(
+        &self,
+        key: &str,
+        value: serde_json::Value,
+        precondition: Precondition,
+    ) -> Result<Version>;
+}
+
+/// Reads and decodes a typed record.
+pub async fn get_typed<T: serde::de::DeserializeOwned>(
+    store: &dyn MetadataStore,
+    key: &str,
+    what: &'static str,
+) -> Result<Option<(Version, T)>> {
+    match store.get(key).await? {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v.value)
+            .map(|t| Some((v.version, t)))
+            .map_err(|e| Error::Decode {
+                key: key.into(),
+                what,
+                detail: e.to_string(),
+            }),
+    }
+}
+
+/// Encodes and stores a typed record.
+pub async fn put_typed<T: serde::Serialize>(
+    store: &dyn MetadataStore,
+    key: &str,
+    value: &T,
+    precondition: Precondition,
+) -> Result<Version> {
+    // Serialising plain data structures to a JSON value cannot fail.
+    let value = serde_json::to_value(value).expect("encode metadata record");
+    store.put(key, value, precondition).await
+}

@@ -1,0 +1,13 @@
+//! A Cairn node: loads its configuration, opens its log, metadata and partition stores, starts a
+//! processor per partition, takes leadership of its partitions and serves gRPC on one port.
+//!
+//! Architecture invariant: this crate wires the parts together and translates between the wire
+//! protocol and the worker; it holds no storage logic of its own.
+
+pub mod config;
+mod node;
+mod service;
+mod validate;
+
+pub use config::{Config, ConfigError, Overrides};
+pub use node::{RunningNode, start};

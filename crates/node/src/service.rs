@@ -1,0 +1,306 @@
+//! The gRPC services: translate requests into partition calls and worker errors into statuses.
+
+use crate::node::NodeState;
+use crate::validate;
+use bytes::Bytes;
+use cairn_api::v1;
+use cairn_types::keys::partition_for_key;
+use cairn_types::record::PutEntry;
+use cairn_types::{Lsn, PartitionId, partition_key};
+use cairn_worker::Partition;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tonic::{Request, Response, Status};
+
+fn status_of(err: cairn_worker::Error) -> Status {
+    use cairn_worker::Error as E;
+    match &err {
+        E::NotLeader { .. } | E::Stopped { .. } => Status::unavailable(err.to_string()),
+        // The record was skipped, so nothing happened: the caller may retry.
+        E::Fenced { .. } => Status::aborted(err.to_string()),
+        E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
+        E::Storage { .. } => Status::internal(err.to_string()),
+    }
+}
+
+/// Indices of the request's keys, grouped by the partition that owns them.
+fn group_by_partition<'a>(
+    keys: impl Iterator<Item = &'a [u8]>,
+    num_partitions: u16,
+) -> BTreeMap<PartitionId, Vec<usize>> {
+    let mut groups: BTreeMap<PartitionId, Vec<usize>> = BTreeMap::new();
+    for (index, key) in keys.enumerate() {
+        let pid = partition_for_key(partition_key(key), num_partitions);
+        groups.entry(pid).or_default().push(index);
+    }
+    groups
+}
+
+pub(crate) struct KeyValueService {
+    state: Arc<NodeState>,
+}
+
+impl KeyValueService {
+    pub fn new(state: Arc<NodeState>) -> Self {
+        KeyValueService { state }
+    }
+
+    fn partition(&self, id: PartitionId) -> Result<&Arc<Partition>, Status> {
+        self.state
+            .partition(id)
+            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))
+    }
+
+    /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
+    /// per-key answers back in request order.
+    async fn scatter<T, F, Fut>(&self, keys: &[Bytes], per_partition: F) -> Result<Vec<T>, Status>
+    where
+        T: Clone + Default,
+        F: Fn(Arc<Partition>, Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, cairn_worker::Error>>,
+    {
+        let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+        let mut calls = Vec::with_capacity(groups.len());
+        for (pid, indices) in groups {
+            let partition = self.partition(pid)?.clone();
+            let call = per_partition(partition, indices.clone());
+            calls.push(async move { (indices, call.await) });
+        }
+        let mut out = vec![T::default(); keys.len()];
+        for (indices, result) in futures::future::join_all(calls).await {
+            let answers = result.map_err(status_of)?;
+            for (index, answer) in indices.into_iter().zip(answers) {
+                out[index] = answer;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[tonic::async_trait]
+impl v1::key_value_server::KeyValue for KeyValueService {
+    async fn put(
+        &self,
+        request: Request<v1::PutRequest>,
+    ) -> Result<Response<v1::PutResponse>, Status> {
+        let entries = request.into_inner().entries;
+        validate::batch_len(entries.len())?;
+        let mut total = 0;
+        for (i, e) in entries.iter().enumerate() {
+            validate::key_ok(i, &e.key)?;
+            validate::value_ok(i, &e.value)?;
+            validate::ttl_ok(e.ttl_ms)?;
+            total += e.key.len() + e.value.len();
+        }
+        validate::batch_bytes(total)?;
+        let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
+        let entries = &entries;
+        self.scatter(&keys, |partition, indices| async move {
+            let mine = indices
+                .iter()
+                .map(|&i| PutEntry {
+                    key: entries[i].key.clone(),
+                    value: entries[i].value.clone(),
+                    ttl_ms: entries[i].ttl_ms,
+                })
+                .collect();
+            partition.put(mine).await.map(|()| vec![(); indices.len()])
+        })
+        .await?;
+        Ok(Response::new(v1::PutResponse {}))
+    }
+
+    async fn get(
+        &self,
+        request: Request<v1::GetRequest>,
+    ) -> Result<Response<v1::GetResponse>, Status> {
+        let keys = request.into_inner().keys;
+        validate::keys(&keys)?;
+        let keys_ref = &keys;
+        let values = self
+            .scatter(&keys, |partition, indices| async move {
+                let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
+                partition.get(&mine)
+            })
+            .await?;
+        Ok(Response::new(v1::GetResponse {
+            values: values
+                .into_iter()
+                .map(|value| v1::MaybeValue { value })
+                .collect(),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteRequest>,
+    ) -> Result<Response<v1::DeleteResponse>, Status> {
+        let keys = request.into_inner().keys;
+        validate::keys(&keys)?;
+        let keys_ref = &keys;
+        self.scatter(&keys, |partition, indices| async move {
+            let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
+            partition
+                .delete(mine)
+                .await
+                .map(|()| vec![(); indices.len()])
+        })
+        .await?;
+        Ok(Response::new(v1::DeleteResponse {}))
+    }
+
+    async fn exists(
+        &self,
+        request: Request<v1::ExistsRequest>,
+    ) -> Result<Response<v1::ExistsResponse>, Status> {
+        let keys = request.into_inner().keys;
+        validate::keys(&keys)?;
+        let keys_ref = &keys;
+        let exists = self
+            .scatter(&keys, |partition, indices| async move {
+                let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
+                partition
+                    .get(&mine)
+                    .map(|values| values.into_iter().map(|v| v.is_some()).collect())
+            })
+            .await?;
+        Ok(Response::new(v1::ExistsResponse { exists }))
+    }
+
+    async fn insert_if_absent(
+        &self,
+        request: Request<v1::InsertIfAbsentRequest>,
+    ) -> Result<Response<v1::InsertIfAbsentResponse>, Status> {
+        let request = request.into_inner();
+        validate::keys(&request.keys)?;
+        validate::value_ok(0, &request.value)?;
+        validate::ttl_ok(request.ttl_ms)?;
+        validate::batch_bytes(
+            request.keys.iter().map(|k| k.len()).sum::<usize>() + request.value.len(),
+        )?;
+        let request = &request;
+        let inserted = self
+            .scatter(&request.keys, |partition, indices| async move {
+                let mine: Vec<Bytes> = indices.iter().map(|&i| request.keys[i].clone()).collect();
+                partition
+                    .insert_if_absent(mine, request.value.clone(), request.ttl_ms)
+                    .await
+            })
+            .await?;
+        Ok(Response::new(v1::InsertIfAbsentResponse { inserted }))
+    }
+}
+
+pub(crate) struct AdminService {
+    state: Arc<NodeState>,
+}
+
+impl AdminService {
+    pub fn new(state: Arc<NodeState>) -> Self {
+        AdminService { state }
+    }
+
+    fn log_partition(&self, log_id: u32) -> Result<&Arc<Partition>, Status> {
+        u16::try_from(log_id)
+            .ok()
+            .and_then(|id| self.state.partition(PartitionId(id)))
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "log {log_id} does not exist; this cluster has logs 0 to {}",
+                    self.state.num_partitions() - 1
+                ))
+            })
+    }
+}
+
+#[tonic::async_trait]
+impl v1::admin_server::Admin for AdminService {
+    async fn describe_cluster(
+        &self,
+        _request: Request<v1::DescribeClusterRequest>,
+    ) -> Result<Response<v1::DescribeClusterResponse>, Status> {
+        Ok(Response::new(v1::DescribeClusterResponse {
+            cluster_name: self.state.cluster.cluster_name.clone(),
+            node_name: self.state.node.0.clone(),
+            num_partitions: u32::from(self.state.num_partitions()),
+            partition_table_version: self.state.table_version.load(Ordering::Relaxed),
+        }))
+    }
+
+    async fn list_partitions(
+        &self,
+        _request: Request<v1::ListPartitionsRequest>,
+    ) -> Result<Response<v1::ListPartitionsResponse>, Status> {
+        let statuses =
+            futures::future::join_all(self.state.partitions.iter().map(|p| p.status())).await;
+        let partitions = statuses
+            .into_iter()
+            .map(|s| v1::PartitionInfo {
+                partition_id: u32::from(s.id.0),
+                key_range_start: s.key_range.start,
+                key_range_end: s.key_range.end,
+                leader: s
+                    .leader
+                    .as_ref()
+                    .map(|l| l.node.0.clone())
+                    .unwrap_or_default(),
+                epoch: s.leader.as_ref().map(|l| l.epoch.0).unwrap_or_default(),
+                applied_lsn: s.applied_lsn.0,
+                log_trim_point: s.log.map(|l| l.trim_point.0).unwrap_or_default(),
+                log_tail: s.log.map(|l| l.tail.0).unwrap_or_default(),
+                status: s.stopped.unwrap_or_else(|| "active".into()),
+            })
+            .collect();
+        Ok(Response::new(v1::ListPartitionsResponse {
+            partitions,
+            partition_table_version: self.state.table_version.load(Ordering::Relaxed),
+        }))
+    }
+
+    async fn describe_logs(
+        &self,
+        request: Request<v1::DescribeLogsRequest>,
+    ) -> Result<Response<v1::DescribeLogsResponse>, Status> {
+        let partitions: Vec<&Arc<Partition>> = match request.into_inner().log_id {
+            Some(id) => vec![self.log_partition(id)?],
+            None => self.state.partitions.iter().collect(),
+        };
+        let mut logs = Vec::with_capacity(partitions.len());
+        for partition in partitions {
+            let state = partition
+                .log()
+                .state()
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            logs.push(v1::LogInfo {
+                log_id: u32::from(partition.id().0),
+                trim_point: state.trim_point.0,
+                tail: state.tail.0,
+            });
+        }
+        Ok(Response::new(v1::DescribeLogsResponse { logs }))
+    }
+
+    async fn trim_log(
+        &self,
+        request: Request<v1::TrimLogRequest>,
+    ) -> Result<Response<v1::TrimLogResponse>, Status> {
+        let request = request.into_inner();
+        let partition = self.log_partition(request.log_id)?;
+        partition
+            .trim_log(Lsn(request.trim_point))
+            .await
+            .map_err(status_of)?;
+        let state = partition
+            .log()
+            .state()
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        tracing::info!(log = request.log_id, trim_point = %state.trim_point, "log trimmed");
+        Ok(Response::new(v1::TrimLogResponse {
+            trim_point: state.trim_point.0,
+            tail: state.tail.0,
+        }))
+    }
+}

@@ -1,0 +1,81 @@
+//! Encoding of keys and values inside a partition's column family.
+
+use bytes::Bytes;
+use cairn_types::{PartitionKey, partition_key};
+
+pub(crate) const TABLE_DATA: u8 = b'd';
+pub(crate) const TABLE_FSM: u8 = b'f';
+
+pub(crate) const FSM_APPLIED_LSN: u8 = 1;
+pub(crate) const FSM_LEADER: u8 = 2;
+
+const VALUE_FORMAT_V1: u8 = 1;
+
+pub(crate) fn data_key(user_key: &[u8]) -> Vec<u8> {
+    data_key_with(partition_key(user_key), user_key)
+}
+
+pub(crate) fn data_key_with(pk: PartitionKey, user_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + user_key.len());
+    out.push(TABLE_DATA);
+    out.extend_from_slice(&pk.to_be_bytes());
+    out.extend_from_slice(user_key);
+    out
+}
+
+pub(crate) fn fsm_key(variable: u8) -> [u8; 2] {
+    [TABLE_FSM, variable]
+}
+
+/// `[version u8][expires_at_ms u64 BE, 0 = never][value]`
+pub(crate) fn encode_value(expires_at_ms: Option<u64>, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + value.len());
+    out.push(VALUE_FORMAT_V1);
+    out.extend_from_slice(&expires_at_ms.unwrap_or(0).to_be_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), String> {
+    match raw.split_first() {
+        Some((&VALUE_FORMAT_V1, rest)) if rest.len() >= 8 => {
+            let (expiry, value) = rest.split_at(8);
+            let expiry = u64::from_be_bytes(expiry.try_into().expect("8 bytes"));
+            Ok((
+                (expiry != 0).then_some(expiry),
+                Bytes::copy_from_slice(value),
+            ))
+        }
+        Some((&VALUE_FORMAT_V1, rest)) => Err(format!("value record of {} bytes", rest.len() + 1)),
+        Some((other, _)) => Err(format!("unknown value format {other}")),
+        None => Err("empty value record".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn values_round_trip(expiry in proptest::option::of(1u64..), value: Vec<u8>) {
+            let (e, v) = decode_value(&encode_value(expiry, &value)).unwrap();
+            prop_assert_eq!(e, expiry);
+            prop_assert_eq!(&v[..], &value[..]);
+        }
+
+        #[test]
+        fn data_keys_sort_by_partition_key(a: Vec<u8>, b: Vec<u8>) {
+            let (pa, pb) = (partition_key(&a), partition_key(&b));
+            if pa < pb {
+                prop_assert!(data_key(&a) < data_key(&b));
+            }
+        }
+    }
+
+    #[test]
+    fn fsm_keys_sort_after_data() {
+        assert!(data_key_with(u64::MAX, &[0xff; 8]).as_slice() < fsm_key(0).as_slice());
+    }
+}

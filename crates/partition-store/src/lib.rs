@@ -1,0 +1,56 @@
+//! The partition store: the state of every partition of a node, in one RocksDB.
+//!
+//! Each partition has its own column family, `data-<pid>`. In it, every key starts with a table tag
+//! and the partition key (big-endian), so the key ranges of SST files line up with partition key
+//! ranges:
+//!
+//! ```text
+//!   'd' ++ partition_key(u64 BE) ++ user_key    →  value record (expiry, bytes)
+//!   'f' ++ variable id(u8)                      →  partition variable (applied LSN, leader)
+//! ```
+//!
+//! The partition's variables live in the same column family as its data, so an export of the
+//! column family carries them, and a write batch updates both at once.
+//!
+//! Architecture invariant: this is the only crate that knows RocksDB. It knows nothing of logs,
+//! records or gRPC: callers hand it keys, values and LSNs.
+//!
+//! # Crash consistency
+//! Data and the applied LSN are written in one `WriteBatch`: after any crash the store holds the
+//! effects of exactly the records up to its applied LSN. Writes are not synced: the log is the
+//! durable copy and the processor replays whatever the store lost.
+
+mod keys;
+mod store;
+
+pub use store::{
+    LeaderState, PartitionStore, PartitionStoreManager, PartitionWriteBatch, StoreOptions,
+    StoredValue,
+};
+
+/// Errors of the partition store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("open partition store at {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rust_rocksdb::Error,
+    },
+    #[error("partition store: {context}: {source}")]
+    RocksDb {
+        context: &'static str,
+        #[source]
+        source: rust_rocksdb::Error,
+    },
+    #[error("partition {0} has no column family in this store")]
+    UnknownPartition(cairn_types::PartitionId),
+    #[error("partition store: corrupt {what} in partition {partition}: {detail}")]
+    Corrupt {
+        partition: cairn_types::PartitionId,
+        what: &'static str,
+        detail: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,394 @@
+//! The RocksDB instance of a node and the per-partition handles on it.
+
+use crate::keys::{self, FSM_APPLIED_LSN, FSM_LEADER};
+use crate::{Error, Result};
+use bytes::Bytes;
+use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
+use rust_rocksdb::{
+    BlockBasedOptions, BoundColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Options,
+    WriteBatch, WriteOptions,
+};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Table options. The defaults write SST files that Debian 12's RocksDB 7.8 tools can read.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Block-based table `format_version`. RocksDB 7.8 reads up to 5.
+    pub format_version: i32,
+    /// Shared block cache for all partitions, in bytes.
+    pub block_cache_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            format_version: 5,
+            block_cache_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// A value as stored, with its expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredValue {
+    pub value: Bytes,
+    /// Milliseconds since the Unix epoch after which the value is gone; `None` = never.
+    pub expires_at_ms: Option<u64>,
+}
+
+impl StoredValue {
+    /// Whether the value is still there at `now_ms`.
+    pub fn is_live_at(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_none_or(|at| now_ms < at)
+    }
+}
+
+/// The leader a partition last accepted, as recorded by its processor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderState {
+    pub epoch: Epoch,
+    pub node: NodeId,
+}
+
+/// The RocksDB of one node, holding one column family per partition.
+pub struct PartitionStoreManager {
+    db: Arc<DB>,
+    path: PathBuf,
+    cf_options: Options,
+}
+
+pub(crate) fn cf_name(id: PartitionId) -> String {
+    format!("data-{id}")
+}
+
+impl PartitionStoreManager {
+    pub fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
+        let open_err = |source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut db_options = Options::default();
+        db_options.create_if_missing(true);
+        db_options.create_missing_column_families(true);
+        // Recover every complete write the WAL holds; a torn last write is dropped, which is safe
+        // because the log will replay it.
+        db_options
+            .set_wal_recovery_mode(rust_rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
+        db_options.increase_parallelism(2);
+
+        let cf_options = column_family_options(options);
+        let existing = if path.join("CURRENT").exists() {
+            DB::list_cf(&db_options, path).map_err(open_err)?
+        } else {
+            vec![]
+        };
+        let descriptors = existing
+            .iter()
+            .filter(|name| name.as_str() != "default")
+            .map(|name| ColumnFamilyDescriptor::new(name, cf_options.clone()));
+        let db = DB::open_cf_descriptors(&db_options, path, descriptors).map_err(open_err)?;
+        Ok(PartitionStoreManager {
+            db: Arc::new(db),
+            path: path.to_path_buf(),
+            cf_options,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The store of partition `id`, if this node has one.
+    pub fn partition(&self, id: PartitionId) -> Option<PartitionStore> {
+        let name = cf_name(id);
+        self.db.cf_handle(&name).map(|_| PartitionStore {
+            db: self.db.clone(),
+            id,
+            cf_name: name,
+        })
+    }
+
+    /// The store of partition `id`, created empty if this node has none.
+    pub fn open_or_create_partition(&self, id: PartitionId) -> Result<PartitionStore> {
+        if let Some(store) = self.partition(id) {
+            return Ok(store);
+        }
+        self.db
+            .create_cf(cf_name(id), &self.cf_options)
+            .map_err(|source| Error::RocksDb {
+                context: "create column family",
+                source,
+            })?;
+        self.partition(id).ok_or(Error::UnknownPartition(id))
+    }
+
+    /// Drops partition `id`'s column family and everything in it.
+    pub fn drop_partition(&self, id: PartitionId) -> Result<()> {
+        self.db
+            .drop_cf(&cf_name(id))
+            .map_err(|source| Error::RocksDb {
+                context: "drop column family",
+                source,
+            })
+    }
+
+    /// Partitions that have a column family here, in id order.
+    pub fn partitions(&self) -> Vec<PartitionId> {
+        let mut ids: Vec<PartitionId> = DB::list_cf(&Options::default(), &self.path)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|name| name.strip_prefix("data-")?.parse().ok())
+            .map(PartitionId)
+            .filter(|id| self.db.cf_handle(&cf_name(*id)).is_some())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+fn column_family_options(options: &StoreOptions) -> Options {
+    let mut block = BlockBasedOptions::default();
+    block.set_format_version(options.format_version);
+    block.set_block_cache(&rust_rocksdb::Cache::new_lru_cache(
+        options.block_cache_bytes,
+    ));
+    block.set_bloom_filter(10.0, false);
+    let mut cf = Options::default();
+    cf.set_block_based_table_factory(&block);
+    // LZ4 everywhere: fast, and readable by every RocksDB build that Debian ships.
+    cf.set_compression_type(DBCompressionType::Lz4);
+    cf.set_bottommost_compression_type(DBCompressionType::Lz4);
+    cf
+}
+
+/// One partition's column family.
+#[derive(Clone)]
+pub struct PartitionStore {
+    db: Arc<DB>,
+    id: PartitionId,
+    cf_name: String,
+}
+
+impl PartitionStore {
+    pub fn id(&self) -> PartitionId {
+        self.id
+    }
+
+    fn cf(&self) -> Result<Arc<BoundColumnFamily<'_>>> {
+        self.db
+            .cf_handle(&self.cf_name)
+            .ok_or(Error::UnknownPartition(self.id))
+    }
+
+    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db
+            .get_cf(&self.cf()?, key)
+            .map_err(|source| Error::RocksDb {
+                context: "read",
+                source,
+            })
+    }
+
+    /// The value stored under `key`, expired or not: the caller decides with
+    /// [`StoredValue::is_live_at`], using whatever clock its determinism demands.
+    pub fn get(&self, key: &[u8]) -> Result<Option<StoredValue>> {
+        let Some(raw) = self.get_raw(&keys::data_key(key))? else {
+            return Ok(None);
+        };
+        let (expires_at_ms, value) = keys::decode_value(&raw).map_err(|detail| Error::Corrupt {
+            partition: self.id,
+            what: "value",
+            detail,
+        })?;
+        Ok(Some(StoredValue {
+            value,
+            expires_at_ms,
+        }))
+    }
+
+    /// LSN of the last log record applied to this store; 0 if none.
+    pub fn applied_lsn(&self) -> Result<Lsn> {
+        match self.get_raw(&keys::fsm_key(FSM_APPLIED_LSN))? {
+            None => Ok(Lsn::ZERO),
+            Some(raw) => {
+                let bytes: [u8; 8] = raw.as_slice().try_into().map_err(|_| Error::Corrupt {
+                    partition: self.id,
+                    what: "applied LSN",
+                    detail: format!("{} bytes instead of 8", raw.len()),
+                })?;
+                Ok(Lsn(u64::from_be_bytes(bytes)))
+            }
+        }
+    }
+
+    /// The leader this partition last accepted; `None` before the first announcement.
+    pub fn leader(&self) -> Result<Option<LeaderState>> {
+        let Some(raw) = self.get_raw(&keys::fsm_key(FSM_LEADER))? else {
+            return Ok(None);
+        };
+        if raw.len() < 8 {
+            return Err(Error::Corrupt {
+                partition: self.id,
+                what: "leader",
+                detail: format!("{} bytes", raw.len()),
+            });
+        }
+        let (epoch, node) = raw.split_at(8);
+        let node = String::from_utf8(node.to_vec()).map_err(|e| Error::Corrupt {
+            partition: self.id,
+            what: "leader",
+            detail: e.to_string(),
+        })?;
+        Ok(Some(LeaderState {
+            epoch: Epoch(u64::from_be_bytes(epoch.try_into().expect("8 bytes"))),
+            node: NodeId(node),
+        }))
+    }
+
+    pub fn write_batch(&self) -> PartitionWriteBatch {
+        PartitionWriteBatch { ops: Vec::new() }
+    }
+
+    /// Applies `batch` atomically. Not synced: see the crate's *Crash consistency*.
+    pub fn commit(&self, batch: PartitionWriteBatch) -> Result<()> {
+        let cf = self.cf()?;
+        let mut rocks = WriteBatch::default();
+        for op in batch.into_ops() {
+            match op {
+                Op::Put(k, v) => rocks.put_cf(&cf, k, v),
+                Op::Delete(k) => rocks.delete_cf(&cf, k),
+            }
+        }
+        let mut options = WriteOptions::default();
+        options.set_sync(false);
+        self.db
+            .write_opt(&rocks, &options)
+            .map_err(|source| Error::RocksDb {
+                context: "write batch",
+                source,
+            })
+    }
+
+    /// Flushes the partition's memtable to SST files.
+    pub fn flush(&self) -> Result<()> {
+        self.db
+            .flush_cf(&self.cf()?)
+            .map_err(|source| Error::RocksDb {
+                context: "flush",
+                source,
+            })
+    }
+}
+
+enum Op {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// Writes to one partition, applied together by [`PartitionStore::commit`].
+///
+/// It records operations instead of holding a RocksDB batch so that it does not borrow a column
+/// family handle across the caller's work.
+pub struct PartitionWriteBatch {
+    ops: Vec<Op>,
+}
+
+impl PartitionWriteBatch {
+    pub fn put(&mut self, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) {
+        self.ops.push(Op::Put(
+            keys::data_key(key),
+            keys::encode_value(expires_at_ms, value),
+        ));
+    }
+
+    pub fn delete(&mut self, key: &[u8]) {
+        self.ops.push(Op::Delete(keys::data_key(key)));
+    }
+
+    pub fn set_applied_lsn(&mut self, lsn: Lsn) {
+        self.ops.push(Op::Put(
+            keys::fsm_key(FSM_APPLIED_LSN).to_vec(),
+            lsn.0.to_be_bytes().to_vec(),
+        ));
+    }
+
+    pub fn set_leader(&mut self, leader: &LeaderState) {
+        let mut raw = leader.epoch.0.to_be_bytes().to_vec();
+        raw.extend_from_slice(leader.node.0.as_bytes());
+        self.ops
+            .push(Op::Put(keys::fsm_key(FSM_LEADER).to_vec(), raw));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    fn into_ops(self) -> Vec<Op> {
+        self.ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> PartitionStoreManager {
+        PartitionStoreManager::open(dir, &StoreOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn data_and_variables_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let manager = open(dir.path());
+            let store = manager.open_or_create_partition(PartitionId(3)).unwrap();
+            assert_eq!(store.applied_lsn().unwrap(), Lsn::ZERO);
+            assert_eq!(store.leader().unwrap(), None);
+            let mut batch = store.write_batch();
+            batch.put(b"k1", b"v1", None);
+            batch.put(b"k2", b"v2", Some(1_000));
+            batch.set_applied_lsn(Lsn(7));
+            batch.set_leader(&LeaderState {
+                epoch: Epoch(2),
+                node: NodeId("n1".into()),
+            });
+            store.commit(batch).unwrap();
+        }
+        let manager = open(dir.path());
+        assert_eq!(manager.partitions(), vec![PartitionId(3)]);
+        let store = manager.partition(PartitionId(3)).unwrap();
+        assert_eq!(store.applied_lsn().unwrap(), Lsn(7));
+        assert_eq!(store.leader().unwrap().unwrap().epoch, Epoch(2));
+        let v1 = store.get(b"k1").unwrap().unwrap();
+        assert_eq!(&v1.value[..], b"v1");
+        assert!(v1.is_live_at(u64::MAX));
+        let v2 = store.get(b"k2").unwrap().unwrap();
+        assert!(v2.is_live_at(999));
+        assert!(!v2.is_live_at(1_000));
+        assert_eq!(store.get(b"k3").unwrap(), None);
+    }
+
+    #[test]
+    fn partitions_are_isolated_and_droppable() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let a = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let b = manager.open_or_create_partition(PartitionId(1)).unwrap();
+        let mut batch = a.write_batch();
+        batch.put(b"k", b"a", None);
+        a.commit(batch).unwrap();
+        assert_eq!(b.get(b"k").unwrap(), None);
+
+        let mut batch = a.write_batch();
+        batch.delete(b"k");
+        a.commit(batch).unwrap();
+        assert_eq!(a.get(b"k").unwrap(), None);
+
+        manager.drop_partition(PartitionId(0)).unwrap();
+        assert!(manager.partition(PartitionId(0)).is_none());
+        assert!(matches!(a.get(b"k"), Err(Error::UnknownPartition(_))));
+        drop((a, b, manager));
+        assert_eq!(open(dir.path()).partitions(), vec![PartitionId(1)]);
+    }
+}

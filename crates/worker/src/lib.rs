@@ -1,0 +1,56 @@
+//! Partition processors and the paths through which a partition's leader serves requests.
+//!
+//! A [`Partition`] ties together one partition's log and its store. Its processor task reads the
+//! log in LSN order and applies every record to the store in one write batch with the applied LSN.
+//! The leader proposes commands by appending epoch-stamped records and answers the caller only
+//! once its own processor has applied the record, so every answer comes from the state machine.
+//!
+//! Architecture invariant: the worker does not know how records travel (any [`cairn_log::Loglet`])
+//! nor who decides leadership (the caller hands it an epoch). It knows nothing of gRPC.
+
+mod clock;
+mod partition;
+mod processor;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use partition::{Partition, PartitionStatus};
+pub use processor::Outcome;
+
+use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// This node does not lead the partition; `leader` is who does, if known.
+    #[error("partition {partition}: this node is not its leader (leader: {})", leader.as_ref().map_or("unknown".to_string(), |l| l.to_string()))]
+    NotLeader {
+        partition: PartitionId,
+        leader: Option<NodeId>,
+    },
+    /// The record was appended but skipped: a newer leader had taken over by the time it was
+    /// applied. Nothing it asked for happened.
+    #[error("partition {partition}: request was fenced by a newer leader epoch {current}")]
+    Fenced {
+        partition: PartitionId,
+        current: Epoch,
+    },
+    /// The processor stopped and the partition serves nothing until an operator acts.
+    #[error("partition {partition} is stopped: {reason}")]
+    Stopped {
+        partition: PartitionId,
+        reason: String,
+    },
+    #[error("partition {partition}: {context}: {message}")]
+    Storage {
+        partition: PartitionId,
+        context: &'static str,
+        message: String,
+    },
+    #[error("partition {partition}: cannot trim the log to {requested}: {reason}")]
+    TrimRefused {
+        partition: PartitionId,
+        requested: Lsn,
+        reason: String,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

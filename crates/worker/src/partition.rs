@@ -1,0 +1,358 @@
+//! A partition of this node: its processor task and the leader's read and write paths.
+
+use crate::processor::{Outcome, Processor, log_error, store_error};
+use crate::{Clock, Error, Result};
+use bytes::Bytes;
+use cairn_log::{LogState, Loglet};
+use cairn_partition_store::{LeaderState, PartitionStore};
+use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry};
+use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+type Waiter = oneshot::Sender<Result<Outcome>>;
+
+/// State the processor publishes and the request paths read.
+pub(crate) struct Shared {
+    pub id: PartitionId,
+    pub node: NodeId,
+    pub boot_id: u64,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    pub applied: watch::Sender<Lsn>,
+    pub leader: watch::Sender<Option<LeaderState>>,
+    stopped: watch::Sender<Option<String>>,
+}
+
+impl Shared {
+    /// Hands `outcome` to the caller that proposed the record, if it is one of ours and waits.
+    pub fn complete(&self, origin: &Origin, outcome: Result<Outcome>) {
+        if origin.node != self.node || origin.boot_id != self.boot_id {
+            return;
+        }
+        let waiter = self.lock_waiters().remove(&origin.request_id);
+        if let Some(waiter) = waiter {
+            // The caller may have given up (timeout, disconnect); nothing to do then.
+            let _ = waiter.send(outcome);
+        }
+    }
+
+    pub fn stop(&self, reason: String) {
+        self.stopped.send_replace(Some(reason.clone()));
+        let waiters: Vec<Waiter> = self.lock_waiters().drain().map(|(_, w)| w).collect();
+        for waiter in waiters {
+            let _ = waiter.send(Err(Error::Stopped {
+                partition: self.id,
+                reason: reason.clone(),
+            }));
+        }
+    }
+
+    fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiter>> {
+        // A panic while holding this lock leaves the map consistent (single inserts/removes).
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopped_reason(&self) -> Option<String> {
+        self.stopped.borrow().clone()
+    }
+}
+
+/// What `partitions list` shows about a partition.
+#[derive(Debug, Clone)]
+pub struct PartitionStatus {
+    pub id: PartitionId,
+    pub key_range: KeyRange,
+    pub leader: Option<LeaderState>,
+    pub applied_lsn: Lsn,
+    pub log: Option<LogState>,
+    pub stopped: Option<String>,
+}
+
+/// One partition of this node.
+pub struct Partition {
+    shared: Arc<Shared>,
+    store: PartitionStore,
+    log: Arc<dyn Loglet>,
+    clock: Arc<dyn Clock>,
+    key_range: KeyRange,
+    /// The epoch this node leads with, once it has announced itself.
+    epoch_led: Mutex<Option<Epoch>>,
+    next_request_id: AtomicU64,
+    cancel: CancellationToken,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Partition {
+    /// Starts the partition's processor, which continues from the store's applied LSN.
+    pub fn start(
+        key_range: KeyRange,
+        node: NodeId,
+        store: PartitionStore,
+        log: Arc<dyn Loglet>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Partition>> {
+        let id = store.id();
+        let applied = store
+            .applied_lsn()
+            .map_err(|err| store_error(id, "read applied LSN", err))?;
+        let leader = store
+            .leader()
+            .map_err(|err| store_error(id, "read leader", err))?;
+        let shared = Arc::new(Shared {
+            id,
+            node,
+            boot_id: rand::random(),
+            waiters: Mutex::new(HashMap::new()),
+            applied: watch::Sender::new(applied),
+            leader: watch::Sender::new(leader.clone()),
+            stopped: watch::Sender::new(None),
+        });
+        let cancel = CancellationToken::new();
+        let processor = Processor {
+            shared: shared.clone(),
+            store: store.clone(),
+            log: log.clone(),
+            leader,
+            applied,
+        };
+        let task = tokio::spawn(processor.run(cancel.clone()));
+        Ok(Arc::new(Partition {
+            shared,
+            store,
+            log,
+            clock,
+            key_range,
+            epoch_led: Mutex::new(None),
+            next_request_id: AtomicU64::new(1),
+            cancel,
+            task: Mutex::new(Some(task)),
+        }))
+    }
+
+    pub fn id(&self) -> PartitionId {
+        self.shared.id
+    }
+
+    pub fn key_range(&self) -> KeyRange {
+        self.key_range
+    }
+
+    pub fn log(&self) -> &Arc<dyn Loglet> {
+        &self.log
+    }
+
+    pub fn applied_lsn(&self) -> Lsn {
+        *self.shared.applied.borrow()
+    }
+
+    /// Makes this node the partition's leader at `epoch`: appends `AnnounceLeader` and returns once
+    /// the processor applied it. Fails with [`Error::Fenced`] if the partition already saw a
+    /// newer or equal epoch.
+    pub async fn become_leader(&self, epoch: Epoch) -> Result<()> {
+        let command = Command::AnnounceLeader {
+            epoch,
+            node: self.shared.node.clone(),
+        };
+        self.propose_at(epoch, command).await?;
+        *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner()) = Some(epoch);
+        Ok(())
+    }
+
+    pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
+        self.propose(Command::Put { entries }).await.map(|_| ())
+    }
+
+    pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
+        self.propose(Command::Delete { keys }).await.map(|_| ())
+    }
+
+    /// Per key, whether this call inserted it.
+    pub async fn insert_if_absent(
+        &self,
+        keys: Vec<Bytes>,
+        value: Bytes,
+        ttl_ms: Option<u64>,
+    ) -> Result<Vec<bool>> {
+        let n = keys.len();
+        match self
+            .propose(Command::InsertIfAbsent {
+                keys,
+                value,
+                ttl_ms,
+            })
+            .await?
+        {
+            Outcome::Inserted(inserted) if inserted.len() == n => Ok(inserted),
+            other => unreachable!("insert-if-absent of {n} keys produced {other:?}"),
+        }
+    }
+
+    /// Current values of `keys` (`None` for absent or expired), read from the leader's store.
+    pub fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
+        self.serving_epoch()?;
+        let now = self.clock.now_ms();
+        keys.iter()
+            .map(|key| {
+                let value = self
+                    .store
+                    .get(key)
+                    .map_err(|err| store_error(self.id(), "read key", err))?;
+                Ok(value.filter(|v| v.is_live_at(now)).map(|v| v.value))
+            })
+            .collect()
+    }
+
+    /// Trims the log up to `up_to`. Refuses to trim past what this partition has applied, since
+    /// those records would be lost to it.
+    pub async fn trim_log(&self, up_to: Lsn) -> Result<()> {
+        let applied = self.applied_lsn();
+        if up_to > applied {
+            return Err(Error::TrimRefused {
+                partition: self.id(),
+                requested: up_to,
+                reason: format!(
+                    "the partition has applied only up to LSN {applied}; trimming further would drop records it has not applied"
+                ),
+            });
+        }
+        self.log
+            .trim(up_to)
+            .await
+            .map_err(|err| log_error(self.id(), "trim log", err))
+    }
+
+    pub async fn status(&self) -> PartitionStatus {
+        let log = self.log.state().await.ok();
+        let leader = self.shared.leader.borrow().clone();
+        PartitionStatus {
+            id: self.id(),
+            key_range: self.key_range,
+            leader,
+            applied_lsn: self.applied_lsn(),
+            log,
+            stopped: self.shared.stopped_reason(),
+        }
+    }
+
+    /// Waits until the processor has applied `lsn`, or stopped.
+    pub async fn wait_applied(&self, lsn: Lsn) -> Result<()> {
+        let mut applied = self.shared.applied.subscribe();
+        let mut stopped = self.shared.stopped.subscribe();
+        loop {
+            if *applied.borrow_and_update() >= lsn {
+                return Ok(());
+            }
+            if let Some(reason) = stopped.borrow_and_update().clone() {
+                return Err(Error::Stopped {
+                    partition: self.id(),
+                    reason,
+                });
+            }
+            tokio::select! {
+                _ = applied.changed() => {}
+                _ = stopped.changed() => {}
+            }
+        }
+    }
+
+    /// Stops the processor and waits for it.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// The epoch this node serves with, if it is the partition's current leader.
+    fn serving_epoch(&self) -> Result<Epoch> {
+        if let Some(reason) = self.shared.stopped_reason() {
+            return Err(Error::Stopped {
+                partition: self.id(),
+                reason,
+            });
+        }
+        let led = *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.shared.leader.borrow().clone();
+        match (led, current) {
+            (Some(led), Some(current))
+                if current.epoch == led && current.node == self.shared.node =>
+            {
+                Ok(led)
+            }
+            (_, current) => Err(Error::NotLeader {
+                partition: self.id(),
+                leader: current.map(|l| l.node),
+            }),
+        }
+    }
+
+    async fn propose(&self, command: Command) -> Result<Outcome> {
+        let epoch = self.serving_epoch()?;
+        self.propose_at(epoch, command).await
+    }
+
+    async fn propose_at(&self, epoch: Epoch, command: Command) -> Result<Outcome> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.shared.lock_waiters().insert(request_id, tx);
+        // Removes the waiter however this call ends, including when the caller drops the future
+        // (a timeout or a disconnect), so waiters never pile up.
+        let _unregister = Unregister {
+            shared: &self.shared,
+            request_id,
+        };
+        // Checked after registering: `stop` marks the partition stopped before it drains the
+        // waiters, so either the drain reaches this waiter or this check sees the stop.
+        if let Some(reason) = self.shared.stopped_reason() {
+            return Err(Error::Stopped {
+                partition: self.id(),
+                reason,
+            });
+        }
+        let envelope = Envelope {
+            header: Header {
+                epoch,
+                timestamp_ms: self.clock.now_ms(),
+                origin: Some(Origin {
+                    node: self.shared.node.clone(),
+                    boot_id: self.shared.boot_id,
+                    request_id,
+                }),
+            },
+            command,
+        };
+        self.log
+            .append(vec![envelope.encode()])
+            .await
+            .map_err(|err| log_error(self.id(), "append to log", err))?;
+        match rx.await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Stopped {
+                partition: self.id(),
+                reason: "the processor ended before applying the request".into(),
+            }),
+        }
+    }
+}
+
+struct Unregister<'a> {
+    shared: &'a Shared,
+    request_id: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.shared.lock_waiters().remove(&self.request_id);
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,212 @@
+//! The partition processor: applies a partition's log, in LSN order, to its store.
+//!
+//! # Consistency
+//! Every replica applies the same records in the same order with the same result: a record's
+//! effect depends only on the store before it and on the record itself (its epoch and its
+//! timestamp), never on the applying node's clock or role.
+//!
+//! # Crash consistency
+//! A record's effects and the new applied LSN go into one write batch. After a crash the store
+//! reflects exactly the records up to its applied LSN, and the processor continues from the next.
+//!
+//! # Epoch fencing
+//! `AnnounceLeader { epoch }` with an epoch newer than the current one makes it current. Any other
+//! record stamped with an epoch that is not the current one is skipped (its LSN still counts as
+//! applied), so an old leader's late appends have no effect anywhere.
+
+use crate::partition::Shared;
+use crate::{Error, Result};
+use cairn_log::Loglet;
+use cairn_partition_store::{LeaderState, PartitionStore};
+use cairn_types::Lsn;
+use cairn_types::record::{Command, Envelope};
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+/// What applying a record produced, handed to the caller that proposed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Per key of an insert-if-absent: whether this record inserted it.
+    Inserted(Vec<bool>),
+    Announced,
+}
+
+/// Records read from the log per round.
+const READ_BATCH_RECORDS_MAX: usize = 1024;
+
+pub(crate) struct Processor {
+    pub shared: Arc<Shared>,
+    pub store: PartitionStore,
+    pub log: Arc<dyn Loglet>,
+    pub leader: Option<LeaderState>,
+    pub applied: Lsn,
+}
+
+impl Processor {
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let partition = self.shared.id;
+        info!(%partition, applied_lsn = %self.applied, "partition processor started");
+        let result = tokio::select! {
+            result = self.apply_loop() => result,
+            () = cancel.cancelled() => Ok(()),
+        };
+        let reason = match result {
+            Ok(()) => "shut down".to_string(),
+            Err(err) => {
+                error!(%partition, applied_lsn = %self.applied, "partition processor stopped: {err}");
+                err.to_string()
+            }
+        };
+        self.shared.stop(reason);
+    }
+
+    async fn apply_loop(&mut self) -> Result<()> {
+        let partition = self.shared.id;
+        loop {
+            let from = self.applied.next();
+            let entries = match self.log.read(from, READ_BATCH_RECORDS_MAX).await {
+                Ok(entries) => entries,
+                Err(cairn_log::Error::Trimmed { trim_point, .. }) => {
+                    return Err(Error::Stopped {
+                        partition,
+                        reason: format!(
+                            "the log was trimmed to LSN {trim_point} but this store has applied only LSN {}; \
+                             records {from}..={trim_point} are gone and must come from a snapshot",
+                            self.applied
+                        ),
+                    });
+                }
+                Err(err) => return Err(log_error(partition, "read log", err)),
+            };
+            if entries.is_empty() {
+                self.log
+                    .wait_for_tail(from)
+                    .await
+                    .map_err(|err| log_error(partition, "wait for log", err))?;
+                continue;
+            }
+            for entry in entries {
+                if entry.lsn != self.applied.next() {
+                    return Err(Error::Stopped {
+                        partition,
+                        reason: format!(
+                            "log returned LSN {} where {} was expected",
+                            entry.lsn,
+                            self.applied.next()
+                        ),
+                    });
+                }
+                let envelope = Envelope::decode(&entry.payload).map_err(|err| Error::Stopped {
+                    partition,
+                    reason: format!("record at LSN {} cannot be decoded: {err}", entry.lsn),
+                })?;
+                self.apply(entry.lsn, envelope)?;
+            }
+        }
+    }
+
+    fn apply(&mut self, lsn: Lsn, envelope: Envelope) -> Result<()> {
+        let partition = self.shared.id;
+        let header = envelope.header;
+        let mut batch = self.store.write_batch();
+        let outcome = match envelope.command {
+            Command::AnnounceLeader { epoch, node } => {
+                if self.leader.as_ref().is_none_or(|l| epoch > l.epoch) {
+                    info!(%partition, %lsn, %epoch, %node, "leader announced");
+                    let leader = LeaderState { epoch, node };
+                    batch.set_leader(&leader);
+                    self.leader = Some(leader);
+                    Ok(Outcome::Announced)
+                } else {
+                    Err(self.fenced())
+                }
+            }
+            _ if self.leader.as_ref().map(|l| l.epoch) != Some(header.epoch) => {
+                debug!(%partition, %lsn, epoch = %header.epoch, "skipping record of another epoch");
+                Err(self.fenced())
+            }
+            Command::Put { entries } => {
+                for entry in entries {
+                    let expiry = entry.ttl_ms.map(|t| header.timestamp_ms.saturating_add(t));
+                    batch.put(&entry.key, &entry.value, expiry);
+                }
+                Ok(Outcome::Done)
+            }
+            Command::Delete { keys } => {
+                for key in keys {
+                    batch.delete(&key);
+                }
+                Ok(Outcome::Done)
+            }
+            Command::InsertIfAbsent {
+                keys,
+                value,
+                ttl_ms,
+            } => {
+                let expiry = ttl_ms.map(|t| header.timestamp_ms.saturating_add(t));
+                let mut seen = HashSet::with_capacity(keys.len());
+                let mut inserted = Vec::with_capacity(keys.len());
+                for key in keys {
+                    let absent = seen.insert(key.clone())
+                        && !self
+                            .store
+                            .get(&key)
+                            .map_err(|err| store_error(partition, "read key", err))?
+                            .is_some_and(|v| v.is_live_at(header.timestamp_ms));
+                    if absent {
+                        batch.put(&key, &value, expiry);
+                    }
+                    inserted.push(absent);
+                }
+                Ok(Outcome::Inserted(inserted))
+            }
+        };
+        batch.set_applied_lsn(lsn);
+        self.store
+            .commit(batch)
+            .map_err(|err| store_error(partition, "apply record", err))?;
+        self.applied = lsn;
+        if matches!(outcome, Ok(Outcome::Announced)) {
+            self.shared.leader.send_replace(self.leader.clone());
+        }
+        self.shared.applied.send_replace(lsn);
+        if let Some(origin) = header.origin {
+            self.shared.complete(&origin, outcome);
+        }
+        Ok(())
+    }
+
+    fn fenced(&self) -> Error {
+        Error::Fenced {
+            partition: self.shared.id,
+            current: self.leader.as_ref().map(|l| l.epoch).unwrap_or_default(),
+        }
+    }
+}
+
+pub(crate) fn store_error(
+    partition: cairn_types::PartitionId,
+    context: &'static str,
+    err: cairn_partition_store::Error,
+) -> Error {
+    Error::Storage {
+        partition,
+        context,
+        message: err.to_string(),
+    }
+}
+
+pub(crate) fn log_error(
+    partition: cairn_types::PartitionId,
+    context: &'static str,
+    err: cairn_log::Error,
+) -> Error {
+    Error::Storage {
+        partition,
+        context,
+        message: err.to_string(),
+    }
+}

@@ -1,0 +1,338 @@
+//! Partition processors over a real local log and a real RocksDB store: epoch fencing, TTL
+//! determinism across replay, and restart from the applied LSN.
+
+use bytes::Bytes;
+use cairn_log::local::{LocalLogOptions, LocalLogProvider};
+use cairn_log::{LogProvider, Loglet};
+use cairn_partition_store::{PartitionStoreManager, StoreOptions, StoredValue};
+use cairn_types::record::{Command, Envelope, Header, PutEntry};
+use cairn_types::{Epoch, KeyRange, LogId, NodeId, PartitionId};
+use cairn_worker::{Clock, Error, ManualClock, Partition};
+use std::path::Path;
+use std::sync::Arc;
+
+const PID: PartitionId = PartitionId(0);
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    log: Arc<dyn Loglet>,
+    _logs: LocalLogProvider,
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let logs =
+            LocalLogProvider::open(dir.path().join("log"), LocalLogOptions::default()).unwrap();
+        let log = logs.open(LogId(0)).await.unwrap();
+        Fixture {
+            _dir: dir,
+            log,
+            _logs: logs,
+        }
+    }
+
+    fn stores(&self, name: &str) -> PartitionStoreManager {
+        PartitionStoreManager::open(&self._dir.path().join(name), &StoreOptions::default()).unwrap()
+    }
+
+    fn start(
+        &self,
+        stores: &PartitionStoreManager,
+        node: &str,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Partition> {
+        Partition::start(
+            KeyRange::of_partition(PID, 1),
+            NodeId(node.into()),
+            stores.open_or_create_partition(PID).unwrap(),
+            self.log.clone(),
+            clock,
+        )
+        .unwrap()
+    }
+
+    /// Appends a record as some other node would, bypassing any partition handle.
+    async fn append_foreign(&self, epoch: u64, command: Command) {
+        let envelope = Envelope {
+            header: Header {
+                epoch: Epoch(epoch),
+                timestamp_ms: 1,
+                origin: None,
+            },
+            command,
+        };
+        self.log.append(vec![envelope.encode()]).await.unwrap();
+    }
+
+    /// A second replica: a fresh store that replays the whole log.
+    async fn replay_into_fresh_store(&self, name: &str) -> (PartitionStoreManager, Arc<Partition>) {
+        let stores = self.stores(name);
+        let replica = self.start(&stores, "replica", Arc::new(ManualClock::new(u64::MAX / 2)));
+        let tail = self.log.state().await.unwrap().tail;
+        replica.wait_applied(tail).await.unwrap();
+        (stores, replica)
+    }
+}
+
+fn put(key: &str, value: &str, ttl_ms: Option<u64>) -> Vec<PutEntry> {
+    vec![PutEntry {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        ttl_ms,
+    }]
+}
+
+fn key(k: &str) -> Bytes {
+    Bytes::copy_from_slice(k.as_bytes())
+}
+
+fn stored(stores: &PartitionStoreManager, k: &str) -> Option<StoredValue> {
+    stores.partition(PID).unwrap().get(k.as_bytes()).unwrap()
+}
+
+#[tokio::test]
+async fn an_old_leader_is_fenced_by_a_newer_announcement() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let n1 = f.start(&stores, "n1", clock.clone());
+
+    // Not a leader until announced.
+    assert!(matches!(
+        n1.put(put("k", "v0", None)).await,
+        Err(Error::NotLeader { .. })
+    ));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    n1.put(put("k", "v1", None)).await.unwrap();
+
+    // n2 takes over at epoch 2; n1 has not noticed yet and keeps proposing at epoch 1.
+    f.append_foreign(
+        2,
+        Command::AnnounceLeader {
+            epoch: Epoch(2),
+            node: NodeId("n2".into()),
+        },
+    )
+    .await;
+    f.append_foreign(
+        1,
+        Command::Put {
+            entries: put("k", "stale", None),
+        },
+    )
+    .await;
+    n1.wait_applied(f.log.state().await.unwrap().tail)
+        .await
+        .unwrap();
+
+    let err = n1.put(put("k", "v2", None)).await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotLeader { leader: Some(ref l), .. } if l.0 == "n2"),
+        "{err}"
+    );
+    assert_eq!(&stored(&stores, "k").unwrap().value[..], b"v1");
+
+    // The new leader's records apply.
+    f.append_foreign(
+        2,
+        Command::Put {
+            entries: put("k", "v3", None),
+        },
+    )
+    .await;
+    // An announcement of an older epoch changes nothing.
+    f.append_foreign(
+        1,
+        Command::AnnounceLeader {
+            epoch: Epoch(1),
+            node: NodeId("n1".into()),
+        },
+    )
+    .await;
+    f.append_foreign(
+        1,
+        Command::Put {
+            entries: put("k", "stale-again", None),
+        },
+    )
+    .await;
+    n1.wait_applied(f.log.state().await.unwrap().tail)
+        .await
+        .unwrap();
+    assert_eq!(&stored(&stores, "k").unwrap().value[..], b"v3");
+    let leader = n1.status().await.leader.unwrap();
+    assert_eq!((leader.epoch, leader.node.0.as_str()), (Epoch(2), "n2"));
+
+    // Every replica skips the same records: a replay from scratch ends in the same state.
+    let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
+    assert_eq!(stored(&replica_stores, "k"), stored(&stores, "k"));
+}
+
+#[tokio::test]
+async fn a_restarted_node_serves_only_after_announcing_again() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(5)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    n1.shutdown().await;
+    // Same node name, new incarnation: the stored leader is "n1" at epoch 1, but this handle has
+    // not announced itself, so it must not serve.
+    let n1b = f.start(&stores, "n1", Arc::new(ManualClock::new(5)));
+    assert!(matches!(n1b.get(&[key("k")]), Err(Error::NotLeader { .. })));
+    assert!(matches!(
+        n1b.become_leader(Epoch(1)).await,
+        Err(Error::Fenced { .. })
+    ));
+    n1b.become_leader(Epoch(2)).await.unwrap();
+    assert_eq!(n1b.get(&[key("k")]).unwrap(), vec![None]);
+}
+
+#[tokio::test]
+async fn ttl_expiry_comes_from_the_record_and_replays_identically() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let n1 = f.start(&stores, "n1", clock.clone());
+    n1.become_leader(Epoch(1)).await.unwrap();
+
+    n1.put(put("session", "s", Some(500))).await.unwrap();
+    assert_eq!(
+        n1.insert_if_absent(vec![key("dedup")], key("x"), Some(100))
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    clock.set(1_050);
+    assert_eq!(
+        n1.insert_if_absent(vec![key("dedup")], key("x"), Some(100))
+            .await
+            .unwrap(),
+        vec![false]
+    );
+    assert_eq!(n1.get(&[key("session")]).unwrap(), vec![Some(key("s"))]);
+
+    clock.set(1_200);
+    // The first insert expired at 1_100: this one wins again.
+    assert_eq!(
+        n1.insert_if_absent(vec![key("dedup")], key("y"), Some(100))
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    clock.set(1_500);
+    assert_eq!(n1.get(&[key("session")]).unwrap(), vec![None]);
+
+    assert_eq!(
+        stored(&stores, "session").unwrap().expires_at_ms,
+        Some(1_500)
+    );
+    assert_eq!(stored(&stores, "dedup").unwrap().expires_at_ms, Some(1_300));
+
+    // A replica whose clock is far in the future computes the same expiries and outcomes.
+    let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
+    for k in ["session", "dedup"] {
+        assert_eq!(stored(&replica_stores, k), stored(&stores, k), "key {k}");
+    }
+}
+
+#[tokio::test]
+async fn duplicate_keys_in_one_insert_are_admitted_once() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    let inserted = n1
+        .insert_if_absent(vec![key("a"), key("b"), key("a")], Bytes::new(), None)
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![true, true, false]);
+}
+
+#[tokio::test]
+async fn a_restarted_processor_continues_from_its_applied_lsn() {
+    let f = Fixture::new().await;
+    let dir = f._dir.path().to_path_buf();
+    let clock: Arc<ManualClock> = Arc::new(ManualClock::new(10));
+    {
+        let stores = f.stores("n1");
+        let n1 = f.start(&stores, "n1", clock.clone());
+        n1.become_leader(Epoch(1)).await.unwrap();
+        for i in 0..20 {
+            n1.put(put(&format!("k{i}"), "v", None)).await.unwrap();
+        }
+        assert_eq!(
+            n1.insert_if_absent(vec![key("once")], Bytes::new(), None)
+                .await
+                .unwrap(),
+            vec![true]
+        );
+        n1.shutdown().await;
+    }
+    reopen_and_check(&f, &dir, clock).await;
+}
+
+async fn reopen_and_check(f: &Fixture, _dir: &Path, clock: Arc<ManualClock>) {
+    let stores = f.stores("n1");
+    let applied = stores.partition(PID).unwrap().applied_lsn().unwrap();
+    assert_eq!(applied, f.log.state().await.unwrap().tail);
+    let n1 = f.start(&stores, "n1", clock);
+    n1.become_leader(Epoch(2)).await.unwrap();
+    assert_eq!(n1.applied_lsn(), cairn_types::Lsn(applied.0 + 1));
+    assert_eq!(
+        n1.insert_if_absent(vec![key("once")], Bytes::new(), None)
+            .await
+            .unwrap(),
+        vec![false]
+    );
+    assert_eq!(n1.get(&[key("k19")]).unwrap(), vec![Some(key("v"))]);
+}
+
+#[tokio::test]
+async fn a_trim_gap_stops_the_partition_with_the_reason() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    {
+        let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+        n1.become_leader(Epoch(1)).await.unwrap();
+        n1.put(put("a", "1", None)).await.unwrap();
+        n1.shutdown().await;
+    }
+    // Records the store has not applied get trimmed away behind its back.
+    f.append_foreign(
+        1,
+        Command::Put {
+            entries: put("b", "2", None),
+        },
+    )
+    .await;
+    f.append_foreign(
+        1,
+        Command::Put {
+            entries: put("c", "3", None),
+        },
+    )
+    .await;
+    let tail = f.log.state().await.unwrap().tail;
+    f.log.trim(tail).await.unwrap();
+
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    let err = n1.wait_applied(tail).await.unwrap_err();
+    assert!(err.to_string().contains("snapshot"), "{err}");
+    assert!(n1.status().await.stopped.is_some());
+    assert!(matches!(n1.get(&[key("a")]), Err(Error::Stopped { .. })));
+}
+
+#[tokio::test]
+async fn trimming_past_the_applied_lsn_is_refused() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    n1.put(put("a", "1", None)).await.unwrap();
+    let applied = n1.applied_lsn();
+    let err = n1.trim_log(applied.next()).await.unwrap_err();
+    assert!(matches!(err, Error::TrimRefused { .. }), "{err}");
+    n1.trim_log(applied).await.unwrap();
+    assert_eq!(f.log.state().await.unwrap().trim_point, applied);
+}
