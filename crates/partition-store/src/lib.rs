@@ -24,8 +24,8 @@ mod keys;
 mod store;
 
 pub use store::{
-    LeaderState, PartitionStore, PartitionStoreManager, PartitionWriteBatch, StoreOptions,
-    StoredValue,
+    ColumnFamilyExport, ExportedFile, LeaderState, PartitionStore, PartitionStoreManager,
+    PartitionWriteBatch, StoreOptions, StoredValue,
 };
 
 /// Errors of the partition store.

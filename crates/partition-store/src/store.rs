@@ -162,6 +162,33 @@ fn column_family_options(options: &StoreOptions) -> Options {
     cf
 }
 
+/// One SST file of an export, with RocksDB's live-file metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportedFile {
+    pub column_family_name: String,
+    /// File name with a leading slash, as RocksDB reports it (`/000030.sst`).
+    pub name: String,
+    pub directory: String,
+    pub size: u64,
+    pub level: i32,
+    pub start_key: Vec<u8>,
+    pub end_key: Vec<u8>,
+    pub smallest_seqno: u64,
+    pub largest_seqno: u64,
+    pub num_entries: u64,
+    pub num_deletions: u64,
+}
+
+/// A column family exported to a folder: what a snapshot is made of.
+#[derive(Debug, Clone)]
+pub struct ColumnFamilyExport {
+    pub dir: PathBuf,
+    pub comparator_name: String,
+    pub files: Vec<ExportedFile>,
+    /// The applied LSN stored in the exported files.
+    pub applied_lsn: Lsn,
+}
+
 /// One partition's column family.
 #[derive(Clone)]
 pub struct PartitionStore {
@@ -270,6 +297,49 @@ impl PartitionStore {
             })
     }
 
+    /// Exports the partition's column family into `target_dir` (which must not exist yet) as hard
+    /// links to its SST files, after flushing the memtable. The caller must hold off writers for
+    /// the duration if it needs the returned `applied_lsn` to be exactly what the files contain;
+    /// the partition processor does so by exporting between two records.
+    pub fn export(&self, target_dir: &Path) -> Result<ColumnFamilyExport> {
+        let applied_lsn = self.applied_lsn()?;
+        let checkpoint = rust_rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|source| {
+            Error::RocksDb {
+                context: "create checkpoint",
+                source,
+            }
+        })?;
+        let metadata = checkpoint
+            .export_column_family(&self.cf()?, target_dir)
+            .map_err(|source| Error::RocksDb {
+                context: "export column family",
+                source,
+            })?;
+        let files = metadata
+            .get_files()
+            .into_iter()
+            .map(|f| ExportedFile {
+                column_family_name: f.column_family_name,
+                name: f.name,
+                directory: f.directory,
+                size: f.size as u64,
+                level: f.level,
+                start_key: f.start_key.unwrap_or_default(),
+                end_key: f.end_key.unwrap_or_default(),
+                smallest_seqno: f.smallest_seqno,
+                largest_seqno: f.largest_seqno,
+                num_entries: f.num_entries,
+                num_deletions: f.num_deletions,
+            })
+            .collect();
+        Ok(ColumnFamilyExport {
+            dir: target_dir.to_path_buf(),
+            comparator_name: metadata.get_db_comparator_name(),
+            files,
+            applied_lsn,
+        })
+    }
+
     /// Flushes the partition's memtable to SST files.
     pub fn flush(&self) -> Result<()> {
         self.db
@@ -367,6 +437,39 @@ mod tests {
         assert!(v2.is_live_at(999));
         assert!(!v2.is_live_at(1_000));
         assert_eq!(store.get(b"k3").unwrap(), None);
+    }
+
+    #[test]
+    fn an_export_holds_the_data_and_the_applied_lsn() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(&dir.path().join("db"));
+        let store = manager.open_or_create_partition(PartitionId(1)).unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"k", b"v", None);
+        batch.set_applied_lsn(Lsn(9));
+        store.commit(batch).unwrap();
+
+        let target = dir.path().join("export");
+        let export = store.export(&target).unwrap();
+        assert_eq!(export.applied_lsn, Lsn(9));
+        assert_eq!(export.comparator_name, "leveldb.BytewiseComparator");
+        assert!(!export.files.is_empty());
+        for file in &export.files {
+            let on_disk = target.join(file.name.trim_start_matches('/'));
+            assert_eq!(
+                std::fs::metadata(&on_disk).unwrap().len(),
+                file.size,
+                "{file:?}"
+            );
+        }
+        // Writes after the export do not change it.
+        let mut batch = store.write_batch();
+        batch.put(b"k2", b"v2", None);
+        store.commit(batch).unwrap();
+        assert!(
+            store.export(&target).is_err(),
+            "exporting into an existing folder must fail"
+        );
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! A partition of this node: its processor task and the leader's read and write paths.
 
-use crate::processor::{Outcome, Processor, log_error, store_error};
+use crate::processor::{ExportRequest, Outcome, Processor, log_error, store_error};
 use crate::{Clock, Error, Result};
 use bytes::Bytes;
 use cairn_log::{LogState, Loglet};
-use cairn_partition_store::{LeaderState, PartitionStore};
+use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore};
 use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry};
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -82,9 +83,13 @@ pub struct Partition {
     /// The epoch this node leads with, once it has announced itself.
     epoch_led: Mutex<Option<Epoch>>,
     next_request_id: AtomicU64,
+    exports: mpsc::Sender<ExportRequest>,
     cancel: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// Export requests that may wait for the processor at once.
+const EXPORT_QUEUE_MAX: usize = 4;
 
 impl Partition {
     /// Starts the partition's processor, which continues from the store's applied LSN.
@@ -112,8 +117,10 @@ impl Partition {
             stopped: watch::Sender::new(None),
         });
         let cancel = CancellationToken::new();
+        let (exports, exports_rx) = mpsc::channel(EXPORT_QUEUE_MAX);
         let processor = Processor {
             shared: shared.clone(),
+            exports: exports_rx,
             store: store.clone(),
             log: log.clone(),
             leader,
@@ -128,6 +135,7 @@ impl Partition {
             key_range,
             epoch_led: Mutex::new(None),
             next_request_id: AtomicU64::new(1),
+            exports,
             cancel,
             task: Mutex::new(Some(task)),
         }))
@@ -236,6 +244,23 @@ impl Partition {
             log,
             stopped: self.shared.stopped_reason(),
         }
+    }
+
+    /// Exports the partition's store into `target_dir` between two records, so the export holds
+    /// exactly the records up to the applied LSN it reports.
+    pub async fn export(&self, target_dir: PathBuf) -> Result<ColumnFamilyExport> {
+        let stopped = |reason: &str| Error::Stopped {
+            partition: self.id(),
+            reason: reason.to_string(),
+        };
+        let (reply, answer) = oneshot::channel();
+        self.exports
+            .send(ExportRequest { target_dir, reply })
+            .await
+            .map_err(|_| stopped("the processor is not running"))?;
+        answer
+            .await
+            .map_err(|_| stopped("the processor ended before exporting"))?
     }
 
     /// Waits until the processor has applied `lsn`, or stopped.

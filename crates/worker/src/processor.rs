@@ -17,11 +17,13 @@
 use crate::partition::Shared;
 use crate::{Error, Result};
 use cairn_log::Loglet;
-use cairn_partition_store::{LeaderState, PartitionStore};
+use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore};
 use cairn_types::Lsn;
 use cairn_types::record::{Command, Envelope};
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info};
 
@@ -37,8 +39,16 @@ pub enum Outcome {
 /// Records read from the log per round.
 const READ_BATCH_RECORDS_MAX: usize = 1024;
 
+/// Asks the processor to export its store between two records, so that the export holds exactly
+/// the effects of the records up to the applied LSN it reports.
+pub(crate) struct ExportRequest {
+    pub target_dir: PathBuf,
+    pub reply: oneshot::Sender<Result<ColumnFamilyExport>>,
+}
+
 pub(crate) struct Processor {
     pub shared: Arc<Shared>,
+    pub exports: mpsc::Receiver<ExportRequest>,
     pub store: PartitionStore,
     pub log: Arc<dyn Loglet>,
     pub leader: Option<LeaderState>,
@@ -66,6 +76,9 @@ impl Processor {
     async fn apply_loop(&mut self) -> Result<()> {
         let partition = self.shared.id;
         loop {
+            while let Ok(request) = self.exports.try_recv() {
+                self.export(request).await;
+            }
             let from = self.applied.next();
             let entries = match self.log.read(from, READ_BATCH_RECORDS_MAX).await {
                 Ok(entries) => entries,
@@ -82,10 +95,12 @@ impl Processor {
                 Err(err) => return Err(log_error(partition, "read log", err)),
             };
             if entries.is_empty() {
-                self.log
-                    .wait_for_tail(from)
-                    .await
-                    .map_err(|err| log_error(partition, "wait for log", err))?;
+                tokio::select! {
+                    waited = self.log.wait_for_tail(from) => {
+                        waited.map_err(|err| log_error(partition, "wait for log", err))?;
+                    }
+                    Some(request) = self.exports.recv() => self.export(request).await,
+                }
                 continue;
             }
             for entry in entries {
@@ -106,6 +121,23 @@ impl Processor {
                 self.apply(entry.lsn, envelope)?;
             }
         }
+    }
+
+    async fn export(&mut self, request: ExportRequest) {
+        let store = self.store.clone();
+        let partition = self.shared.id;
+        let exported = tokio::task::spawn_blocking(move || store.export(&request.target_dir))
+            .await
+            .map_err(|err| Error::Storage {
+                partition,
+                context: "export column family",
+                message: err.to_string(),
+            })
+            .and_then(|result| {
+                result.map_err(|err| store_error(partition, "export column family", err))
+            });
+        // The requester may have given up; the export folder is then cleaned up at next start.
+        let _ = request.reply.send(exported);
     }
 
     fn apply(&mut self, lsn: Lsn, envelope: Envelope) -> Result<()> {

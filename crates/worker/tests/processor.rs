@@ -336,3 +336,32 @@ async fn trimming_past_the_applied_lsn_is_refused() {
     n1.trim_log(applied).await.unwrap();
     assert_eq!(f.log.state().await.unwrap().trim_point, applied);
 }
+
+#[tokio::test]
+async fn an_export_reports_the_lsn_it_holds_while_writes_go_on() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    let writer = {
+        let n1 = n1.clone();
+        tokio::spawn(async move {
+            for i in 0..200 {
+                n1.put(put(&format!("k{i}"), "v", None)).await.unwrap();
+            }
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let target = f._dir.path().join("export");
+    let export = n1.export(target.clone()).await.unwrap();
+    writer.await.unwrap();
+    assert!(export.applied_lsn >= cairn_types::Lsn(1));
+    assert!(export.applied_lsn <= n1.applied_lsn());
+    let total: u64 = export.files.iter().map(|f| f.size).sum();
+    assert!(total > 0);
+    assert!(
+        target
+            .join(export.files[0].name.trim_start_matches('/'))
+            .exists()
+    );
+}
