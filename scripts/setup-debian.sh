@@ -25,3 +25,24 @@ if ! command -v cargo >/dev/null 2>&1; then
     curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
   fi
 fi
+
+# moto's S3 server: the snapshot repository's tests run against it (crates/snapshots/tests). It needs
+# Python 3 and pip; Debian 12's pip refuses system-wide installs (PEP 668) unless told otherwise.
+if ! python3 -c "import moto.server" >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "setup: installing python3-pip" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq python3 python3-pip python3-venv >/dev/null
+  fi
+  echo "setup: installing moto[server] with pip" >&2
+  if ! python3 -m pip install --quiet 'moto[server]' 2>/tmp/cairn-setup-pip.err; then
+    if grep -q externally-managed-environment /tmp/cairn-setup-pip.err; then
+      python3 -m pip install --quiet --break-system-packages 'moto[server]'
+    else
+      cat /tmp/cairn-setup-pip.err >&2
+      exit 1
+    fi
+  fi
+  python3 -c "import moto.server" || { echo "setup: moto installed but python3 cannot import it" >&2; exit 1; }
+fi

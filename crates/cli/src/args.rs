@@ -74,6 +74,40 @@ pub enum Command {
     /// The partitions' logs
     #[command(subcommand)]
     Logs(LogsCommand),
+    /// Partition snapshots
+    #[command(subcommand)]
+    Snapshots(SnapshotsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotsCommand {
+    /// Create
+    #[command(name = "create-snapshot", visible_alias = "create")]
+    Create {
+        /// Partition to snapshot; every partition when omitted
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: Option<u32>,
+        /// Return an existing snapshot if it covers this LSN; otherwise cover at least it
+        #[arg(long)]
+        min_lsn: Option<u64>,
+    },
+    /// List snapshots in the repository, newest first
+    List {
+        /// Only this partition's snapshots
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: Option<u32>,
+    },
+    /// Print a snapshot's metadata.json
+    Describe { snapshot_id: String },
+    /// Write a snapshot (metadata.json and its SST files) to a tar file
+    Export {
+        snapshot_id: String,
+        /// The tar file to write
+        #[arg(short = 'o', long)]
+        output: std::path::PathBuf,
+    },
+    /// Download every file of a snapshot and check its size and checksum
+    Verify { snapshot_id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,6 +180,28 @@ mod tests {
     fn arguments_are_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn snapshot_commands_parse_as_in_the_seed() {
+        let cli = Cli::try_parse_from(["cairnctl", "snapshots", "create", "-p", "1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Snapshots(SnapshotsCommand::Create {
+                partition_id: Some(1),
+                min_lsn: None
+            })
+        ));
+        let cli =
+            Cli::try_parse_from(["cairnctl", "snapshots", "create-snapshot", "--min-lsn", "7"])
+                .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Snapshots(SnapshotsCommand::Create {
+                partition_id: None,
+                min_lsn: Some(7)
+            })
+        ));
     }
 
     #[test]

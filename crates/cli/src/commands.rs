@@ -1,7 +1,9 @@
 //! What each subcommand does.
 
-use crate::args::{Cli, Command, GlobalOptions, KvCommand, LogsCommand, PartitionsCommand};
-use crate::output::{show_bytes, table};
+use crate::args::{
+    Cli, Command, GlobalOptions, KvCommand, LogsCommand, PartitionsCommand, SnapshotsCommand,
+};
+use crate::output::{show_bytes, show_bytes_count, show_time, table};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry};
@@ -21,7 +23,174 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(LogsCommand::Trim { log_id, trim_point }) => {
             logs_trim(&client, global, log_id, trim_point).await
         }
+        Command::Snapshots(command) => snapshots(&client, global, command).await,
     }
+}
+
+async fn snapshots(
+    client: &Client,
+    global: &GlobalOptions,
+    command: SnapshotsCommand,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        SnapshotsCommand::Create {
+            partition_id: Some(partition_id),
+            min_lsn,
+        } => {
+            let created = client.create_snapshot(partition_id, min_lsn).await?;
+            print_created(&created);
+        }
+        SnapshotsCommand::Create {
+            partition_id: None,
+            min_lsn,
+        } => {
+            let partitions = client.list_partitions().await?.partitions;
+            let bar = progress_bar(global, partitions.len() as u64, "partitions");
+            let mut failed = Vec::new();
+            for p in partitions {
+                bar.set_message(format!("partition {}", p.partition_id));
+                match client.create_snapshot(p.partition_id, min_lsn).await {
+                    Ok(created) => bar.suspend(|| print_created(&created)),
+                    Err(err) => {
+                        bar.suspend(|| eprintln!("partition {}: {err}", p.partition_id));
+                        failed.push(p.partition_id);
+                    }
+                }
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            if !failed.is_empty() {
+                bail!("snapshots of partitions {failed:?} failed; see the errors above");
+            }
+        }
+        SnapshotsCommand::List { partition_id } => {
+            let response = client.list_snapshots(partition_id).await?;
+            let mut t = table(
+                global.table_style,
+                &[
+                    "ID",
+                    "PARTITION",
+                    "LSN",
+                    "CREATED",
+                    "NODE",
+                    "SIZE",
+                    "FILES",
+                    "UPLOADED",
+                ],
+            );
+            for s in &response.snapshots {
+                t.add_row(vec![
+                    s.snapshot_id.clone(),
+                    s.partition_id.to_string(),
+                    s.lsn.to_string(),
+                    show_time(&s.created_at, global.time_format),
+                    s.node_name.clone(),
+                    show_bytes_count(s.size_bytes),
+                    s.files.to_string(),
+                    show_bytes_count(s.uploaded_bytes),
+                ]);
+            }
+            println!("{t}");
+            if global.verbose > 0 || response.snapshots.is_empty() {
+                println!(
+                    "{} snapshot(s) in {}",
+                    response.snapshots.len(),
+                    response.destination
+                );
+            }
+        }
+        SnapshotsCommand::Describe { snapshot_id } => {
+            println!("{}", client.describe_snapshot(&snapshot_id).await?);
+        }
+        SnapshotsCommand::Verify { snapshot_id } => {
+            let report = client.verify_snapshot(&snapshot_id).await?;
+            println!(
+                "Snapshot {snapshot_id} verified: {} files, {} ({} bytes), every size and checksum matches",
+                report.files,
+                show_bytes_count(report.bytes),
+                report.bytes
+            );
+        }
+        SnapshotsCommand::Export {
+            snapshot_id,
+            output,
+        } => export_snapshot(client, global, &snapshot_id, &output).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_created(created: &cairn_client::v1::CreateSnapshotResponse) {
+    if created.created {
+        println!("Snapshot created: {}", created.snapshot_id);
+    } else {
+        println!(
+            "Snapshot exists: {} (partition {} at LSN {} already covers the request)",
+            created.snapshot_id, created.partition_id, created.lsn
+        );
+    }
+}
+
+fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::ProgressBar {
+    if global.quiet > 0 {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let template = if unit == "bytes" {
+        "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})"
+    } else {
+        "{spinner} {msg} [{bar:30}] {pos}/{len} partitions ({eta})"
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Streams the tar into `output.partial` and renames it once complete, so an interrupted export
+/// never leaves a file that looks whole.
+async fn export_snapshot(
+    client: &Client,
+    global: &GlobalOptions,
+    snapshot_id: &str,
+    output: &std::path::Path,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let partial = output.with_extension("partial");
+    let mut stream = client.export_snapshot(snapshot_id).await?;
+    let mut file =
+        std::fs::File::create(&partial).with_context(|| format!("create {}", partial.display()))?;
+    let bar = progress_bar(global, 0, "bytes");
+    bar.set_message(snapshot_id.to_string());
+    let mut written = 0u64;
+    loop {
+        let chunk = match stream.message().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(status) => {
+                drop(file);
+                let _ = std::fs::remove_file(&partial);
+                return Err(client.stream_error(status).into());
+            }
+        };
+        if chunk.total_bytes > 0 {
+            bar.set_length(chunk.total_bytes);
+        }
+        file.write_all(&chunk.data)
+            .with_context(|| format!("write {}", partial.display()))?;
+        written += chunk.data.len() as u64;
+        bar.set_position(written);
+    }
+    file.sync_all()
+        .with_context(|| format!("sync {}", partial.display()))?;
+    std::fs::rename(&partial, output)
+        .with_context(|| format!("rename {} to {}", partial.display(), output.display()))?;
+    bar.finish_and_clear();
+    println!(
+        "Snapshot {snapshot_id} exported to {} ({})",
+        output.display(),
+        show_bytes_count(written)
+    );
+    Ok(())
 }
 
 async fn connect(global: &GlobalOptions) -> anyhow::Result<Client> {
@@ -116,6 +285,7 @@ async fn partitions_list(client: &Client, global: &GlobalOptions) -> anyhow::Res
             "APPLIED LSN",
             "LOG TRIM POINT",
             "LOG TAIL",
+            "ARCHIVED LSN",
             "STATUS",
         ],
     );
@@ -132,6 +302,7 @@ async fn partitions_list(client: &Client, global: &GlobalOptions) -> anyhow::Res
             p.applied_lsn.to_string(),
             p.log_trim_point.to_string(),
             p.log_tail.to_string(),
+            p.archived_lsn.map_or_else(|| "-".into(), |l| l.to_string()),
             p.status,
         ]);
     }

@@ -7,12 +7,12 @@
 
 use bytes::Bytes;
 use cairn_api::MESSAGE_BYTES_MAX;
-use cairn_api::v1;
 use cairn_api::v1::admin_client::AdminClient;
 use cairn_api::v1::key_value_client::KeyValueClient;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
+pub use cairn_api::v1;
 pub use tonic::Code;
 
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +217,81 @@ impl Client {
             .await
             .map(|r| r.into_inner())
             .map_err(|s| self.rpc(s))
+    }
+}
+
+impl Client {
+    /// Snapshots partition `partition_id` on its leader. If a snapshot already covers `min_lsn`,
+    /// it is returned with `created = false`.
+    pub async fn create_snapshot(
+        &self,
+        partition_id: u32,
+        min_lsn: Option<u64>,
+    ) -> Result<v1::CreateSnapshotResponse> {
+        self.admin
+            .clone()
+            .create_snapshot(v1::CreateSnapshotRequest {
+                partition_id,
+                min_lsn,
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        partition_id: Option<u32>,
+    ) -> Result<v1::ListSnapshotsResponse> {
+        self.admin
+            .clone()
+            .list_snapshots(v1::ListSnapshotsRequest { partition_id })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// The snapshot's metadata.json.
+    pub async fn describe_snapshot(&self, snapshot_id: &str) -> Result<String> {
+        self.admin
+            .clone()
+            .describe_snapshot(v1::DescribeSnapshotRequest {
+                snapshot_id: snapshot_id.into(),
+            })
+            .await
+            .map(|r| r.into_inner().metadata_json)
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn verify_snapshot(&self, snapshot_id: &str) -> Result<v1::VerifySnapshotResponse> {
+        self.admin
+            .clone()
+            .verify_snapshot(v1::VerifySnapshotRequest {
+                snapshot_id: snapshot_id.into(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// The snapshot as a tar, chunk by chunk; the first chunk carries the total size.
+    pub async fn export_snapshot(
+        &self,
+        snapshot_id: &str,
+    ) -> Result<tonic::Streaming<v1::ExportSnapshotChunk>> {
+        self.admin
+            .clone()
+            .export_snapshot(v1::ExportSnapshotRequest {
+                snapshot_id: snapshot_id.into(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// Wraps a status received mid-stream.
+    pub fn stream_error(&self, status: tonic::Status) -> Error {
+        self.rpc(status)
     }
 }
 

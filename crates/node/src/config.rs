@@ -53,7 +53,43 @@ pub struct PartitionStoreConfig {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
-pub struct WorkerConfig {}
+pub struct WorkerConfig {
+    pub snapshots: SnapshotsConfig,
+}
+
+/// Where partition snapshots go and how they get there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SnapshotsConfig {
+    /// `file:///path`, a path, or `s3://bucket/prefix`. Unset: `<base-dir>/pp-snapshots`.
+    /// S3 credentials come from the standard AWS chain (environment, profile, instance metadata).
+    pub destination: Option<String>,
+    /// S3-compatible servers: the endpoint URL, e.g. `http://127.0.0.1:9000`.
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    /// Allow `http://` endpoints.
+    pub allow_http: bool,
+    /// Files uploaded at once.
+    pub upload_concurrency: usize,
+    /// Files larger than this are uploaded in parts.
+    pub multipart_threshold_bytes: u64,
+    /// Cap on upload bandwidth for snapshots, in bytes per second. Unset: no cap.
+    pub rate_limit_bytes_per_second: Option<u64>,
+}
+
+impl Default for SnapshotsConfig {
+    fn default() -> Self {
+        SnapshotsConfig {
+            destination: None,
+            endpoint_url: None,
+            region: None,
+            allow_http: false,
+            upload_concurrency: 8,
+            multipart_threshold_bytes: 64 * 1024 * 1024,
+            rate_limit_bytes_per_second: None,
+        }
+    }
+}
 
 impl Default for Config {
     fn default() -> Self {
@@ -160,6 +196,33 @@ impl Config {
             return Err(ConfigError(format!(
                 "num-partitions is {}: it must be between 1 and 4096",
                 self.num_partitions
+            )));
+        }
+        let snapshots = &self.worker.snapshots;
+        if snapshots.upload_concurrency == 0 || snapshots.upload_concurrency > 256 {
+            return Err(ConfigError(format!(
+                "worker.snapshots.upload-concurrency is {}: it must be between 1 and 256",
+                snapshots.upload_concurrency
+            )));
+        }
+        if snapshots.multipart_threshold_bytes < 5 * 1024 * 1024 {
+            return Err(ConfigError(format!(
+                "worker.snapshots.multipart-threshold-bytes is {}: it must be at least 5242880 (5 MiB, the smallest S3 part)",
+                snapshots.multipart_threshold_bytes
+            )));
+        }
+        if snapshots.rate_limit_bytes_per_second == Some(0) {
+            return Err(ConfigError(
+                "worker.snapshots.rate-limit-bytes-per-second is 0: give a positive rate, or leave it unset for no limit".into(),
+            ));
+        }
+        if let Some(destination) = &snapshots.destination
+            && !(destination.starts_with("file://")
+                || destination.starts_with("s3://")
+                || destination.starts_with('/'))
+        {
+            return Err(ConfigError(format!(
+                "worker.snapshots.destination {destination:?} is not supported: use file:///path, an absolute path, or s3://bucket/prefix"
             )));
         }
         if self.log.segment_bytes < 1024 * 1024 {

@@ -14,11 +14,15 @@ use cairn_metadata::{
     put_typed,
 };
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
+use cairn_snapshots::{RepositoryOptions, SnapshotRepository};
+use cairn_types::Lsn;
 use cairn_types::{KeyRange, LogId, NodeId, PartitionId};
-use cairn_worker::{Clock, Partition, SystemClock};
+use cairn_worker::{Clock, Partition, SnapshotProducer, SystemClock};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +34,11 @@ pub(crate) struct NodeState {
     pub node: NodeId,
     pub partitions: Vec<Arc<Partition>>,
     pub table_version: AtomicU64,
+    pub snapshots: SnapshotProducer,
+    /// Per partition, what the repository's `latest.json` last said it covers.
+    pub archived_lsn: Mutex<HashMap<PartitionId, Lsn>>,
+    /// Scratch space for files served to clients (snapshot tars).
+    pub tmp_dir: PathBuf,
 }
 
 impl NodeState {
@@ -39,6 +48,30 @@ impl NodeState {
 
     pub fn num_partitions(&self) -> u16 {
         self.cluster.num_partitions
+    }
+
+    pub fn archived_lsn(&self, id: PartitionId) -> Option<Lsn> {
+        self.archived_lsn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+
+    pub fn set_archived_lsn(&self, id: PartitionId, lsn: Lsn) {
+        self.archived_lsn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, lsn);
+    }
+
+    /// Re-reads what the repository covers for `id`.
+    pub async fn refresh_archived_lsn(&self, id: PartitionId) {
+        match self.snapshots.repository().latest(id).await {
+            Ok(Some(latest)) => self.set_archived_lsn(id, latest.archived_lsn),
+            Ok(None) => {}
+            Err(err) => tracing::warn!(partition = %id, "read latest snapshot: {err}"),
+        }
     }
 }
 
@@ -140,6 +173,20 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .context("open the partition store")?,
     );
 
+    let repository = Arc::new(open_repository(&config, &base_dir)?);
+    let snapshots = SnapshotProducer::new(
+        repository.clone(),
+        base_dir.join("db-snapshots"),
+        cluster.cluster_name.clone(),
+        node.0.clone(),
+    );
+    snapshots
+        .remove_leftover_exports()
+        .context("remove leftover snapshot exports")?;
+    let tmp_dir = base_dir.join("tmp");
+    let _ = std::fs::remove_dir_all(&tmp_dir);
+    std::fs::create_dir_all(&tmp_dir).with_context(|| format!("create {}", tmp_dir.display()))?;
+
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut partitions = Vec::with_capacity(usize::from(cluster.num_partitions));
     for p in 0..cluster.num_partitions {
@@ -173,7 +220,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         node: node.clone(),
         partitions,
         table_version: AtomicU64::new(table_version),
+        snapshots,
+        archived_lsn: Mutex::new(HashMap::new()),
+        tmp_dir,
     });
+    for p in 0..cluster.num_partitions {
+        state.refresh_archived_lsn(PartitionId(p)).await;
+    }
     let cancel = CancellationToken::new();
     let server = tonic::transport::Server::builder()
         .add_service(
@@ -206,6 +259,31 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         server,
         _lock: lock,
     })
+}
+
+/// The snapshot repository of `[worker.snapshots]`: by default `<base-dir>/pp-snapshots`.
+fn open_repository(
+    config: &Config,
+    base_dir: &std::path::Path,
+) -> anyhow::Result<SnapshotRepository> {
+    let settings = &config.worker.snapshots;
+    let destination = match &settings.destination {
+        Some(destination) => destination.clone(),
+        None => base_dir.join("pp-snapshots").display().to_string(),
+    };
+    let options = RepositoryOptions {
+        endpoint_url: settings.endpoint_url.clone(),
+        region: settings.region.clone(),
+        allow_http: settings.allow_http,
+        upload_concurrency: settings.upload_concurrency,
+        multipart_threshold_bytes: settings.multipart_threshold_bytes,
+        rate_limit_bytes_per_second: settings.rate_limit_bytes_per_second,
+        ..RepositoryOptions::default()
+    };
+    let repository = SnapshotRepository::open(&destination, options)
+        .context("open the snapshot repository (worker.snapshots.destination)")?;
+    info!(destination = %repository.destination(), "snapshot repository");
+    Ok(repository)
 }
 
 /// One process per base dir: a second node on the same data would corrupt it.

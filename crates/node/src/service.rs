@@ -4,6 +4,7 @@ use crate::node::NodeState;
 use crate::validate;
 use bytes::Bytes;
 use cairn_api::v1;
+use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
 use cairn_types::record::PutEntry;
 use cairn_types::{Lsn, PartitionId, partition_key};
@@ -20,8 +21,33 @@ fn status_of(err: cairn_worker::Error) -> Status {
         // The record was skipped, so nothing happened: the caller may retry.
         E::Fenced { .. } => Status::aborted(err.to_string()),
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
-        E::Storage { .. } => Status::internal(err.to_string()),
+        E::Storage { .. } | E::Snapshot { .. } => Status::internal(err.to_string()),
     }
+}
+
+fn snapshot_status(err: cairn_snapshots::Error) -> Status {
+    use cairn_snapshots::Error as E;
+    match &err {
+        E::InvalidSnapshotId { .. } => Status::invalid_argument(err.to_string()),
+        E::SnapshotNotFound { .. } => Status::not_found(err.to_string()),
+        E::BadFile { .. } | E::MetadataMissing { .. } | E::MalformedMetadata { .. } => {
+            Status::data_loss(err.to_string())
+        }
+        E::UnsupportedVersion { .. } => Status::failed_precondition(err.to_string()),
+        E::ObjectStore { .. } => Status::unavailable(err.to_string()),
+        _ => Status::internal(err.to_string()),
+    }
+}
+
+fn parse_snapshot_id(input: &str) -> Result<SnapshotId, Status> {
+    input
+        .trim()
+        .parse()
+        .map_err(|e: cairn_snapshots::Error| Status::invalid_argument(e.to_string()))
+}
+
+fn rfc3339(time: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 /// Indices of the request's keys, grouped by the partition that owns them.
@@ -201,6 +227,18 @@ impl AdminService {
         AdminService { state }
     }
 
+    fn partition(&self, partition_id: u32) -> Result<&Arc<Partition>, Status> {
+        u16::try_from(partition_id)
+            .ok()
+            .and_then(|id| self.state.partition(PartitionId(id)))
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "partition {partition_id} does not exist; this cluster has partitions 0 to {}",
+                    self.state.num_partitions() - 1
+                ))
+            })
+    }
+
     fn log_partition(&self, log_id: u32) -> Result<&Arc<Partition>, Status> {
         u16::try_from(log_id)
             .ok()
@@ -250,6 +288,7 @@ impl v1::admin_server::Admin for AdminService {
                 log_trim_point: s.log.map(|l| l.trim_point.0).unwrap_or_default(),
                 log_tail: s.log.map(|l| l.tail.0).unwrap_or_default(),
                 status: s.stopped.unwrap_or_else(|| "active".into()),
+                archived_lsn: self.state.archived_lsn(s.id).map(|l| l.0),
             })
             .collect();
         Ok(Response::new(v1::ListPartitionsResponse {
@@ -303,4 +342,171 @@ impl v1::admin_server::Admin for AdminService {
             tail: state.tail.0,
         }))
     }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<v1::CreateSnapshotRequest>,
+    ) -> Result<Response<v1::CreateSnapshotResponse>, Status> {
+        let request = request.into_inner();
+        let partition = self.partition(request.partition_id)?;
+        tracing::info!(partition = request.partition_id, min_lsn = ?request.min_lsn, "Create snapshot command received");
+        // The leader snapshots its partition: a follower's store may lag. On a single node the
+        // leader is this node; a node that does not lead the partition says who does.
+        let status = partition.status().await;
+        match &status.leader {
+            Some(leader) if leader.node == self.state.node => {}
+            leader => {
+                return Err(status_of(cairn_worker::Error::NotLeader {
+                    partition: partition.id(),
+                    leader: leader.as_ref().map(|l| l.node.clone()),
+                }));
+            }
+        }
+        if let Some(reason) = status.stopped {
+            return Err(Status::unavailable(format!(
+                "partition {} is stopped and cannot be snapshotted: {reason}",
+                partition.id()
+            )));
+        }
+        let created = self
+            .state
+            .snapshots
+            .create(partition, request.min_lsn.map(Lsn), None)
+            .await
+            .map_err(status_of)?;
+        self.state.refresh_archived_lsn(partition.id()).await;
+        Ok(Response::new(v1::CreateSnapshotResponse {
+            snapshot_id: created.snapshot_id.to_string(),
+            partition_id: u32::from(created.partition_id.0),
+            lsn: created.lsn.0,
+            created: created.created,
+            total_bytes: created.total_bytes,
+            uploaded_bytes: created.uploaded_bytes,
+            total_files: created.total_files as u32,
+            uploaded_files: created.uploaded_files as u32,
+        }))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<v1::ListSnapshotsRequest>,
+    ) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
+        let partition = match request.into_inner().partition_id {
+            Some(id) => Some(self.partition(id)?.id()),
+            None => None,
+        };
+        let repository = self.state.snapshots.repository();
+        let snapshots = repository
+            .list(partition)
+            .await
+            .map_err(snapshot_status)?
+            .into_iter()
+            .map(|s| v1::SnapshotSummary {
+                snapshot_id: s.snapshot_id.to_string(),
+                partition_id: u32::from(s.partition_id.0),
+                lsn: s.min_applied_lsn.0,
+                created_at: rfc3339(s.created_at),
+                node_name: s.node_name,
+                size_bytes: s.size,
+                files: s.files as u32,
+                uploaded_bytes: s.new_bytes,
+            })
+            .collect();
+        Ok(Response::new(v1::ListSnapshotsResponse {
+            snapshots,
+            destination: repository.destination(),
+        }))
+    }
+
+    async fn describe_snapshot(
+        &self,
+        request: Request<v1::DescribeSnapshotRequest>,
+    ) -> Result<Response<v1::DescribeSnapshotResponse>, Status> {
+        let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
+        let (_, metadata) = self
+            .state
+            .snapshots
+            .repository()
+            .find(id)
+            .await
+            .map_err(snapshot_status)?;
+        Ok(Response::new(v1::DescribeSnapshotResponse {
+            metadata_json: String::from_utf8_lossy(&metadata.to_json_pretty()).into_owned(),
+        }))
+    }
+
+    async fn verify_snapshot(
+        &self,
+        request: Request<v1::VerifySnapshotRequest>,
+    ) -> Result<Response<v1::VerifySnapshotResponse>, Status> {
+        let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
+        let report = self
+            .state
+            .snapshots
+            .repository()
+            .verify(id)
+            .await
+            .map_err(snapshot_status)?;
+        Ok(Response::new(v1::VerifySnapshotResponse {
+            files: report.files as u32,
+            bytes: report.bytes,
+        }))
+    }
+
+    type ExportSnapshotStream =
+        tokio_stream::wrappers::ReceiverStream<Result<v1::ExportSnapshotChunk, Status>>;
+
+    async fn export_snapshot(
+        &self,
+        request: Request<v1::ExportSnapshotRequest>,
+    ) -> Result<Response<Self::ExportSnapshotStream>, Status> {
+        let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
+        let tar = self.state.tmp_dir.join(format!("{id}.tar"));
+        self.state
+            .snapshots
+            .repository()
+            .export_tar(id, &tar)
+            .await
+            .map_err(snapshot_status)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(stream_file(tar, tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+}
+
+/// Sends `path` in chunks and removes it afterwards.
+async fn stream_file(
+    path: std::path::PathBuf,
+    tx: tokio::sync::mpsc::Sender<Result<v1::ExportSnapshotChunk, Status>>,
+) {
+    use tokio::io::AsyncReadExt;
+    const CHUNK_BYTES: usize = 1024 * 1024;
+    let result: std::io::Result<()> = async {
+        let mut file = tokio::fs::File::open(&path).await?;
+        let mut total_bytes = file.metadata().await?.len();
+        loop {
+            let mut buf = vec![0u8; CHUNK_BYTES];
+            let n = file.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.truncate(n);
+            let chunk = v1::ExportSnapshotChunk {
+                data: buf.into(),
+                total_bytes: std::mem::take(&mut total_bytes),
+            };
+            if tx.send(Ok(chunk)).await.is_err() {
+                return Ok(()); // the client went away
+            }
+        }
+    }
+    .await;
+    if let Err(err) = result {
+        let _ = tx
+            .send(Err(Status::internal(format!("read snapshot tar: {err}"))))
+            .await;
+    }
+    let _ = tokio::fs::remove_file(&path).await;
 }

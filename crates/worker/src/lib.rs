@@ -11,10 +11,12 @@
 mod clock;
 mod partition;
 mod processor;
+mod snapshot;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{Partition, PartitionStatus};
 pub use processor::Outcome;
+pub use snapshot::{CreatedSnapshot, SnapshotProducer};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
 
@@ -41,6 +43,12 @@ pub enum Error {
     },
     #[error("partition {partition}: {context}: {message}")]
     Storage {
+        partition: PartitionId,
+        context: &'static str,
+        message: String,
+    },
+    #[error("partition {partition}: {context}: {message}")]
+    Snapshot {
         partition: PartitionId,
         context: &'static str,
         message: String,

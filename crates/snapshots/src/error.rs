@@ -1,0 +1,160 @@
+//! The crate's error type. Every variant says what went wrong with which snapshot, file or object,
+//! so the message alone tells an operator what to look at. Messages name buckets, prefixes and
+//! object keys, never credentials.
+
+use crate::{PublishStep, SnapshotId};
+use cairn_types::{Lsn, PartitionId};
+use std::fmt;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("snapshot id must look like snap_1…: {input:?}: {reason}")]
+    InvalidSnapshotId { input: String, reason: &'static str },
+
+    #[error("snapshot destination {destination:?} cannot be used: {reason}")]
+    InvalidDestination { destination: String, reason: String },
+
+    #[error("snapshot repository options are invalid: {reason}")]
+    InvalidOptions { reason: String },
+
+    #[error(
+        "{location} has version {found}, but this build reads V1 only: upgrade Cairn to read it"
+    )]
+    UnsupportedVersion { location: String, found: String },
+
+    #[error("{location} is malformed: {reason}")]
+    MalformedMetadata { location: String, reason: String },
+
+    #[error(
+        "snapshot {snapshot_id} is not in the repository at {destination}: no partition's \
+         latest.json retains it"
+    )]
+    SnapshotNotFound {
+        snapshot_id: SnapshotId,
+        destination: String,
+    },
+
+    #[error(
+        "partition {partition}'s latest.json changed while snapshot {snapshot_id} was being \
+         published: another publisher won, and this snapshot stays invisible; take a new snapshot \
+         to publish again"
+    )]
+    Conflict {
+        partition: PartitionId,
+        snapshot_id: SnapshotId,
+    },
+
+    #[error(
+        "snapshot {snapshot_id} of partition {partition} covers LSN {min_applied_lsn}, older than \
+         the latest snapshot {latest_snapshot_id} at LSN {latest_lsn}: refusing to publish it \
+         over a newer one"
+    )]
+    OlderThanLatest {
+        partition: PartitionId,
+        snapshot_id: SnapshotId,
+        min_applied_lsn: Lsn,
+        latest_snapshot_id: SnapshotId,
+        latest_lsn: Lsn,
+    },
+
+    #[error("snapshot {snapshot_id} of partition {partition} is already published")]
+    AlreadyPublished {
+        partition: PartitionId,
+        snapshot_id: SnapshotId,
+    },
+
+    #[error("export file {path} cannot be published: {reason}")]
+    BadExport { path: PathBuf, reason: String },
+
+    #[error("snapshot {snapshot_id}: file {name} (object {key}) {problem}")]
+    BadFile {
+        snapshot_id: SnapshotId,
+        name: String,
+        key: String,
+        problem: FileProblem,
+    },
+
+    #[error("cannot {context} {path}: {source}")]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot {context} {location}: {source}")]
+    ObjectStore {
+        context: &'static str,
+        /// The object's full address, e.g. `s3://bucket/prefix/1/latest.json`.
+        location: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    #[error(
+        "{location} is missing, although latest.json retains snapshot {snapshot_id}: the \
+         repository was changed behind Cairn's back"
+    )]
+    MetadataMissing {
+        location: String,
+        snapshot_id: SnapshotId,
+    },
+
+    /// Publish stopped on purpose after `step` because [`crate::PublishOptions::stop_after`] asked
+    /// it to: fault tests use it to stand for a crash at that point.
+    #[error("publishing stopped after step {step:?} as asked")]
+    StoppedAfter { step: PublishStep },
+}
+
+/// What is wrong with one file of a snapshot in the repository.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileProblem {
+    Missing,
+    SizeMismatch {
+        expected: u64,
+        actual: u64,
+    },
+    ChecksumMismatch {
+        expected: String,
+        actual: String,
+    },
+    /// metadata.json lacks the checksum or object key that publishing writes.
+    NotPublished,
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FileProblem::Missing => write!(f, "is missing from the repository"),
+            FileProblem::SizeMismatch { expected, actual } => {
+                write!(f, "has size {actual}, expected {expected}")
+            }
+            FileProblem::ChecksumMismatch { expected, actual } => {
+                write!(
+                    f,
+                    "has checksum {actual}, expected {expected} (checksum mismatch)"
+                )
+            }
+            FileProblem::NotPublished => {
+                write!(f, "has no checksum or object key in metadata.json")
+            }
+        }
+    }
+}
+
+impl Error {
+    /// Whether trying the same operation again may succeed: network and server trouble, not a
+    /// missing object, a failed precondition or refused credentials.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Error::ObjectStore { source, .. } => matches!(
+                source,
+                object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

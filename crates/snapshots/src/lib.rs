@@ -1,0 +1,27 @@
+//! Partition snapshots: their format and the repository that keeps them on an object store.
+//!
+//! A snapshot is RocksDB's export of one partition's column family (SST files) plus
+//! `metadata.json` ([`SnapshotMetadata`]), identified by a [`SnapshotId`]. The
+//! [`SnapshotRepository`] publishes snapshots to a local folder or an S3 bucket incrementally (an
+//! SST already uploaded by an older snapshot is shared, not uploaded again), lists, verifies,
+//! downloads and exports them. See [`repository`] for the object layout and its guarantees.
+//!
+//! Architecture invariant: this crate knows nothing of RocksDB, logs or gRPC. It takes an export
+//! folder and its metadata and gives back files and metadata; producing the export and importing
+//! it are the partition store's job. It is the only crate that talks to the object store.
+
+mod error;
+mod id;
+mod metadata;
+pub mod repository;
+
+pub use error::{Error, FileProblem, Result};
+pub use id::SnapshotId;
+pub use metadata::{
+    Checksum, METADATA_VERSION, MetadataVersion, PublishStats, SnapshotFile, SnapshotMetadata,
+};
+pub use repository::{
+    DownloadReport, ExportReport, LatestRead, LatestSnapshot, ProgressFn, PublishOptions,
+    PublishReport, PublishStep, RepositoryOptions, RetainedSnapshot, SnapshotRepository,
+    SnapshotSummary, UploadReport, VerifyReport, snapshot_folder,
+};

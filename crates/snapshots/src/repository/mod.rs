@@ -1,0 +1,786 @@
+//! The snapshot repository: partition snapshots on an object store (a local folder or S3).
+//!
+//! # Layout
+//! ```text
+//! [<prefix>/]
+//! ├── 0/                                       one folder per partition
+//! │   ├── latest.json                          mutable; compare-and-swap only
+//! │   ├── snapshots/
+//! │   │   ├── fffffffffffffff5_snap_1…/        LSN 10: u64::MAX - 10 in hex sorts first
+//! │   │   │   └── metadata.json                immutable
+//! │   │   └── fffffffffffffffa_snap_1…/        LSN 5
+//! │   │       └── metadata.json                immutable
+//! │   └── ssts/
+//! │       ├── 3f2a…e1.sst                      immutable; named by the xxh3-128 of its bytes,
+//! │       └── 9c04…7b.sst                      shared by every snapshot that holds the file
+//! └── 1/
+//!     └── …
+//! ```
+//! A snapshot's folder is `<inverse_lsn>_<snapshot_id>`, where `inverse_lsn` is
+//! `u64::MAX - min_applied_lsn` as 16 lower-case hex digits, so that a plain listing (object stores
+//! list in ascending order) shows the newest snapshot first. Each `metadata.json` names its SST
+//! files by their object key (`ssts/<hash>.sst`, relative to the partition folder).
+//!
+//! A snapshot is *visible* when the partition's `latest.json` retains it; everything else under
+//! the partition folder is an orphan for a garbage collector to remove. Readers ([`list`],
+//! [`find`], [`verify`], [`download`], [`export_tar`]) see visible snapshots only.
+//!
+//! # Crash consistency
+//! Publishing writes in this order: the SST files that are not in `ssts/` yet (each appears
+//! atomically: a single `PUT`, or a multipart upload that appears on completion), then
+//! `metadata.json` (create-only), then `latest.json` by compare-and-swap. Until the last step
+//! succeeds nothing refers to the new objects, so a crash at any point leaves no visible partial
+//! snapshot, only orphans. Objects are never modified after they are written, except
+//! `latest.json`.
+//!
+//! # Consistency
+//! `latest.json` changes only by compare-and-swap against the version the publisher read when it
+//! started (or the one given in [`PublishOptions::based_on`]). Of two publishers that read the
+//! same `latest.json`, the first to swap wins; the other gets [`Error::Conflict`], `latest.json`
+//! stays as the winner wrote it, and the loser's `metadata.json` stays an unreferenced orphan.
+//!
+//! - On S3 (and any store given to [`SnapshotRepository::from_object_store`]) the swap is a
+//!   conditional `PUT`: `If-Match: <etag read>`, or `If-None-Match: *` when there was none.
+//! - object_store's local file system cannot overwrite conditionally, so a local repository
+//!   holds an exclusive `flock` on `<partition>/latest.json.lock` while it reads the current
+//!   `latest.json`, compares its content hash with the one the publisher read, writes and syncs
+//!   a temporary file, renames it over `latest.json` and syncs the folder. The lock works between
+//!   processes and between tasks of one process; readers take no lock, as a rename is atomic.
+//!
+//! An SST object is only ever (re)written with the bytes whose hash names it (an upload whose
+//! bytes changed under it is abandoned), so two publishers uploading the same file at once are
+//! harmless. A snapshot whose LSN is below the latest one's is refused
+//! ([`Error::OlderThanLatest`]) so that `latest.json` never goes back.
+//!
+//! # Cancellation
+//! Dropping a publish future stops it between requests, with the same effect as a crash. On S3 an
+//! interrupted multipart upload is not aborted and keeps its parts until the bucket's lifecycle
+//! rule `AbortIncompleteMultipartUpload` removes them; configure one.
+//!
+//! [`list`]: SnapshotRepository::list
+//! [`find`]: SnapshotRepository::find
+//! [`verify`]: SnapshotRepository::verify
+//! [`download`]: SnapshotRepository::download
+//! [`export_tar`]: SnapshotRepository::export_tar
+
+mod latest;
+mod publish;
+mod rate_limit;
+mod retry;
+mod transfer;
+
+pub use latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
+pub use publish::{ProgressFn, PublishOptions, PublishReport, PublishStep};
+pub use transfer::{DownloadReport, ExportReport, UploadReport, VerifyReport};
+
+use crate::{Error, Result, SnapshotId, SnapshotMetadata};
+use bytes::Bytes;
+use cairn_types::{Lsn, PartitionId};
+use futures::{StreamExt, TryStreamExt};
+use latest::LatestWriter;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ObjectStore, ObjectStoreExt, RetryConfig};
+use rate_limit::RateLimiter;
+use retry::RetryPolicy;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+const MIB: u64 = 1024 * 1024;
+/// S3 refuses multipart parts below 5 MiB (except the last) and above 5 GiB.
+const S3_PART_BYTES_MIN: u64 = 5 * MIB;
+const S3_PART_BYTES_MAX: u64 = 5 * 1024 * MIB;
+
+/// How to reach a repository and how hard to push it.
+#[derive(Clone)]
+pub struct RepositoryOptions {
+    /// S3 only: a custom endpoint (MinIO, moto, …) instead of AWS's.
+    pub endpoint_url: Option<String>,
+    /// S3 only: the region; by default from `AWS_REGION`/`AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// S3 only: allow `http://` endpoints.
+    pub allow_http: bool,
+    /// S3 only: static credentials, overriding the environment's credential chain (`AWS_*`
+    /// variables, web identity, ECS and instance metadata). Never logged or printed.
+    pub access_key_id: Option<String>,
+    /// See `access_key_id`.
+    pub secret_access_key: Option<String>,
+    /// How many files are uploaded, downloaded or verified at once.
+    pub upload_concurrency: usize,
+    /// Files larger than this are uploaded in parts; smaller ones in one request, read whole
+    /// into memory, so memory use is bounded by `upload_concurrency` times this.
+    pub multipart_threshold_bytes: u64,
+    /// Size of one part of a multipart upload (raised for huge files to stay within S3's 10 000
+    /// parts); S3 needs at least 5 MiB.
+    pub multipart_part_bytes: u64,
+    /// How often a transiently failed request or transfer is retried, with exponential backoff
+    /// and jitter starting at 100 ms.
+    pub retries: u32,
+    /// Upper bound on the upload rate of all uploads of this repository together.
+    pub rate_limit_bytes_per_second: Option<u64>,
+}
+
+impl Default for RepositoryOptions {
+    fn default() -> Self {
+        RepositoryOptions {
+            endpoint_url: None,
+            region: None,
+            allow_http: false,
+            access_key_id: None,
+            secret_access_key: None,
+            upload_concurrency: 8,
+            multipart_threshold_bytes: 64 * MIB,
+            multipart_part_bytes: 16 * MIB,
+            retries: 5,
+            rate_limit_bytes_per_second: None,
+        }
+    }
+}
+
+impl fmt::Debug for RepositoryOptions {
+    /// Shows whether credentials are set, never their values.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
+        f.debug_struct("RepositoryOptions")
+            .field("endpoint_url", &self.endpoint_url)
+            .field("region", &self.region)
+            .field("allow_http", &self.allow_http)
+            .field("access_key_id", &redacted(&self.access_key_id))
+            .field("secret_access_key", &redacted(&self.secret_access_key))
+            .field("upload_concurrency", &self.upload_concurrency)
+            .field("multipart_threshold_bytes", &self.multipart_threshold_bytes)
+            .field("multipart_part_bytes", &self.multipart_part_bytes)
+            .field("retries", &self.retries)
+            .field(
+                "rate_limit_bytes_per_second",
+                &self.rate_limit_bytes_per_second,
+            )
+            .finish()
+    }
+}
+
+/// One visible snapshot, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSummary {
+    pub snapshot_id: SnapshotId,
+    pub partition_id: PartitionId,
+    pub min_applied_lsn: Lsn,
+    pub created_at: SystemTime,
+    pub node_name: String,
+    /// Total size of the snapshot's files.
+    pub size: u64,
+    pub files: usize,
+    /// Bytes that publishing this snapshot uploaded (the attempt that wrote its
+    /// `metadata.json`); the rest it shares with older snapshots or found left by an attempt that
+    /// crashed.
+    pub new_bytes: u64,
+    /// The snapshot's folder relative to the partition folder.
+    pub path: String,
+}
+
+/// Partition snapshots on an object store. See the [module documentation](self) for the layout
+/// and the guarantees.
+pub struct SnapshotRepository {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    /// The store's address without the prefix (`s3://bucket`, `file:///data/snapshots`);
+    /// object locations are shown relative to it.
+    store_root: String,
+    latest_writer: LatestWriter,
+    transfer_concurrency: usize,
+    multipart_threshold_bytes: u64,
+    multipart_part_bytes: u64,
+    retry: RetryPolicy,
+    rate_limiter: Option<Arc<RateLimiter>>,
+}
+
+impl fmt::Debug for SnapshotRepository {
+    /// The destination only: the store's own `Debug` may show its configuration, credentials
+    /// included.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotRepository")
+            .field("destination", &self.destination())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Destination {
+    Local(PathBuf),
+    S3 { bucket: String, prefix: String },
+}
+
+impl SnapshotRepository {
+    /// Opens the repository at `destination`: `file:///absolute/path` or an absolute path (the
+    /// folder is created if missing), or `s3://bucket[/prefix]` (credentials from the standard
+    /// AWS environment chain unless `options` gives them).
+    pub fn open(destination: &str, options: RepositoryOptions) -> Result<SnapshotRepository> {
+        let invalid = |reason: String| Error::InvalidDestination {
+            destination: redact_destination(destination),
+            reason,
+        };
+        match parse_destination(destination).map_err(invalid)? {
+            Destination::Local(path) => {
+                std::fs::create_dir_all(&path).map_err(|source| Error::Io {
+                    context: "create the snapshot folder",
+                    path: path.clone(),
+                    source,
+                })?;
+                // fsync on: a local repository must survive power loss like S3 does.
+                let fs = LocalFileSystem::new_with_prefix(&path)
+                    .map_err(|e| invalid(e.to_string()))?
+                    .with_fsync(true);
+                let fs = Arc::new(fs);
+                let root = std::fs::canonicalize(&path).unwrap_or(path);
+                Self::build(
+                    fs.clone(),
+                    ObjectPath::default(),
+                    format!("file://{}", root.display()),
+                    LatestWriter::LocalLock(fs),
+                    &options,
+                    false,
+                )
+            }
+            Destination::S3 { bucket, prefix } => {
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(&bucket)
+                    .with_conditional_put(S3ConditionalPut::ETagMatch)
+                    .with_retry(RetryConfig {
+                        backoff: BackoffConfig {
+                            init_backoff: Duration::from_millis(100),
+                            max_backoff: Duration::from_secs(10),
+                            base: 2.0,
+                        },
+                        max_retries: options.retries as usize,
+                        retry_timeout: Duration::from_secs(180),
+                    });
+                if let Some(endpoint) = &options.endpoint_url {
+                    builder = builder.with_endpoint(endpoint);
+                }
+                if let Some(region) = &options.region {
+                    builder = builder.with_region(region);
+                }
+                if options.allow_http {
+                    builder = builder.with_allow_http(true);
+                }
+                match (&options.access_key_id, &options.secret_access_key) {
+                    (Some(id), Some(secret)) => {
+                        builder = builder
+                            .with_access_key_id(id)
+                            .with_secret_access_key(secret);
+                    }
+                    (None, None) => {}
+                    _ => {
+                        return Err(Error::InvalidOptions {
+                            reason: "give both access_key_id and secret_access_key, or neither \
+                                     to use the environment's credentials"
+                                .into(),
+                        });
+                    }
+                }
+                let store = builder.build().map_err(|e| invalid(e.to_string()))?;
+                let prefix =
+                    ObjectPath::parse(&prefix).map_err(|e| invalid(format!("bad prefix: {e}")))?;
+                Self::build(
+                    Arc::new(store),
+                    prefix,
+                    format!("s3://{bucket}"),
+                    LatestWriter::Conditional,
+                    &options,
+                    true,
+                )
+            }
+        }
+    }
+
+    /// A repository on any object store, under `prefix`. The store must support conditional
+    /// writes (`PutMode::Create` and `PutMode::Update`), as S3, GCS, Azure and the in-memory store
+    /// do; `name` identifies it in messages (e.g. `memory://`).
+    pub fn from_object_store(
+        store: Arc<dyn ObjectStore>,
+        name: &str,
+        prefix: &str,
+        options: RepositoryOptions,
+    ) -> Result<SnapshotRepository> {
+        let prefix = ObjectPath::parse(prefix).map_err(|e| Error::InvalidDestination {
+            destination: format!("{name}/{prefix}"),
+            reason: format!("bad prefix: {e}"),
+        })?;
+        Self::build(
+            store,
+            prefix,
+            name.to_owned(),
+            LatestWriter::Conditional,
+            &options,
+            false,
+        )
+    }
+
+    fn build(
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        store_root: String,
+        latest_writer: LatestWriter,
+        options: &RepositoryOptions,
+        is_s3: bool,
+    ) -> Result<SnapshotRepository> {
+        let invalid = |reason: String| Err(Error::InvalidOptions { reason });
+        if options.upload_concurrency == 0 {
+            return invalid("upload_concurrency must be at least 1".into());
+        }
+        if options.multipart_part_bytes == 0 {
+            return invalid("multipart_part_bytes must be at least 1".into());
+        }
+        if is_s3 && !(S3_PART_BYTES_MIN..=S3_PART_BYTES_MAX).contains(&options.multipart_part_bytes)
+        {
+            return invalid(format!(
+                "multipart_part_bytes is {}, but S3 needs parts of 5 MiB to 5 GiB",
+                options.multipart_part_bytes
+            ));
+        }
+        if usize::try_from(options.multipart_part_bytes).is_err()
+            || usize::try_from(options.multipart_threshold_bytes).is_err()
+        {
+            return invalid("multipart sizes do not fit in memory on this machine".into());
+        }
+        if options.rate_limit_bytes_per_second == Some(0) {
+            return invalid(
+                "rate_limit_bytes_per_second must be positive; leave it unset for no limit".into(),
+            );
+        }
+        Ok(SnapshotRepository {
+            store,
+            prefix,
+            store_root,
+            latest_writer,
+            transfer_concurrency: options.upload_concurrency,
+            multipart_threshold_bytes: options.multipart_threshold_bytes,
+            multipart_part_bytes: options.multipart_part_bytes,
+            retry: RetryPolicy::new(options.retries),
+            rate_limiter: options
+                .rate_limit_bytes_per_second
+                .map(|rate| Arc::new(RateLimiter::new(rate))),
+        })
+    }
+
+    /// Where the repository is, e.g. `s3://bucket/prefix` or `file:///data/snapshots`.
+    pub fn destination(&self) -> String {
+        if self.prefix.as_ref().is_empty() {
+            self.store_root.clone()
+        } else {
+            join_address(&self.store_root, self.prefix.as_ref())
+        }
+    }
+
+    /// The object store below the repository, for tools and benchmarks. Writing to it directly
+    /// bypasses every guarantee of the repository.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The location of `relative` (e.g. `latest.json`, `ssts/<hash>.sst`, a file's `key`) in the
+    /// folder of `partition`.
+    pub fn object_path(&self, partition: PartitionId, relative: &str) -> ObjectPath {
+        relative
+            .split('/')
+            .filter(|segment| !segment.is_empty())
+            .fold(self.partition_folder(partition), |path, segment| {
+                path.join(segment)
+            })
+    }
+
+    fn partition_folder(&self, partition: PartitionId) -> ObjectPath {
+        self.prefix.clone().join(partition.to_string().as_str())
+    }
+
+    fn latest_location(&self, partition: PartitionId) -> ObjectPath {
+        self.object_path(partition, "latest.json")
+    }
+
+    /// An object's full address for messages.
+    fn describe(&self, location: &ObjectPath) -> String {
+        join_address(&self.store_root, location.as_ref())
+    }
+
+    fn store_error(
+        &self,
+        context: &'static str,
+        location: &ObjectPath,
+        source: object_store::Error,
+    ) -> Error {
+        Error::ObjectStore {
+            context,
+            location: self.describe(location),
+            source,
+        }
+    }
+
+    fn join_error(&self, location: &ObjectPath, source: tokio::task::JoinError) -> Error {
+        self.store_error(
+            "access",
+            location,
+            object_store::Error::JoinError { source },
+        )
+    }
+
+    /// The partitions that have a folder in the repository, in ascending order.
+    pub async fn partitions(&self) -> Result<Vec<PartitionId>> {
+        let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
+        let listing = self
+            .retry
+            .run("list partitions", || async {
+                self.store
+                    .list_with_delimiter(prefix)
+                    .await
+                    .map_err(|e| self.store_error("list", &self.prefix, e))
+            })
+            .await?;
+        let mut partitions: Vec<PartitionId> = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|folder| folder.filename()?.parse().ok().map(PartitionId))
+            .collect();
+        partitions.sort();
+        Ok(partitions)
+    }
+
+    /// The partition's `latest.json`, or `None` if it has no published snapshot.
+    pub async fn latest(&self, partition: PartitionId) -> Result<Option<LatestSnapshot>> {
+        Ok(self.read_latest(partition).await?.latest)
+    }
+
+    /// The visible snapshots of one partition, or of all, newest first within each partition
+    /// and partitions in ascending order.
+    pub async fn list(&self, partition: Option<PartitionId>) -> Result<Vec<SnapshotSummary>> {
+        let partitions = match partition {
+            Some(partition) => vec![partition],
+            None => self.partitions().await?,
+        };
+        let mut summaries = Vec::new();
+        for partition in partitions {
+            let Some(latest) = self.latest(partition).await? else {
+                continue;
+            };
+            let listed: Vec<SnapshotSummary> = futures::stream::iter(latest.retained)
+                .map(|retained| async move {
+                    let (_, metadata) = self.read_metadata(partition, &retained).await?;
+                    Ok::<_, Error>(SnapshotSummary {
+                        snapshot_id: metadata.snapshot_id,
+                        partition_id: partition,
+                        min_applied_lsn: metadata.min_applied_lsn,
+                        created_at: metadata.created_at,
+                        node_name: metadata.node_name.clone(),
+                        size: metadata.size(),
+                        files: metadata.files.len(),
+                        new_bytes: metadata.stats.map(|s| s.uploaded_bytes).unwrap_or(0),
+                        path: retained.path.clone(),
+                    })
+                })
+                .buffered(self.transfer_concurrency)
+                .try_collect()
+                .await?;
+            summaries.extend(listed);
+        }
+        Ok(summaries)
+    }
+
+    /// The metadata of a visible snapshot of `partition`.
+    pub async fn metadata(
+        &self,
+        partition: PartitionId,
+        snapshot_id: SnapshotId,
+    ) -> Result<SnapshotMetadata> {
+        let retained = self
+            .latest(partition)
+            .await?
+            .and_then(|latest| {
+                latest
+                    .retained
+                    .into_iter()
+                    .find(|r| r.snapshot_id == snapshot_id)
+            })
+            .ok_or_else(|| Error::SnapshotNotFound {
+                snapshot_id,
+                destination: self.destination(),
+            })?;
+        Ok(self.read_metadata(partition, &retained).await?.1)
+    }
+
+    /// Finds a visible snapshot in any partition.
+    pub async fn find(&self, snapshot_id: SnapshotId) -> Result<(PartitionId, SnapshotMetadata)> {
+        let (partition, retained) = self.find_retained(snapshot_id).await?;
+        let (_, metadata) = self.read_metadata(partition, &retained).await?;
+        Ok((partition, metadata))
+    }
+
+    async fn find_retained(
+        &self,
+        snapshot_id: SnapshotId,
+    ) -> Result<(PartitionId, RetainedSnapshot)> {
+        let partitions = self.partitions().await?;
+        let mut latests = futures::stream::iter(partitions)
+            .map(|partition| async move { (partition, self.latest(partition).await) })
+            .buffered(self.transfer_concurrency);
+        while let Some((partition, latest)) = latests.next().await {
+            let found = latest?.and_then(|latest| {
+                latest
+                    .retained
+                    .into_iter()
+                    .find(|r| r.snapshot_id == snapshot_id)
+            });
+            if let Some(retained) = found {
+                return Ok((partition, retained));
+            }
+        }
+        Err(Error::SnapshotNotFound {
+            snapshot_id,
+            destination: self.destination(),
+        })
+    }
+
+    /// Reads and checks a retained snapshot's `metadata.json`; returns its bytes as stored too.
+    async fn read_metadata(
+        &self,
+        partition: PartitionId,
+        retained: &RetainedSnapshot,
+    ) -> Result<(Bytes, SnapshotMetadata)> {
+        let location = self.object_path(partition, &format!("{}/metadata.json", retained.path));
+        let bytes = self
+            .retry
+            .run("read metadata.json", || async {
+                match self.store.get(&location).await {
+                    Ok(result) => result
+                        .bytes()
+                        .await
+                        .map(Some)
+                        .map_err(|e| self.store_error("read", &location, e)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.store_error("read", &location, e)),
+                }
+            })
+            .await?
+            .ok_or_else(|| Error::MetadataMissing {
+                location: self.describe(&location),
+                snapshot_id: retained.snapshot_id,
+            })?;
+        let described = self.describe(&location);
+        let metadata = SnapshotMetadata::from_json_at(&bytes, &described)?;
+        if metadata.snapshot_id != retained.snapshot_id || metadata.partition_id != partition {
+            return Err(Error::MalformedMetadata {
+                location: described,
+                reason: format!(
+                    "it describes snapshot {} of partition {}, but latest.json expects snapshot \
+                     {} of partition {partition} there",
+                    metadata.snapshot_id, metadata.partition_id, retained.snapshot_id
+                ),
+            });
+        }
+        Ok((bytes, metadata))
+    }
+}
+
+fn join_address(root: &str, path: &str) -> String {
+    if root.ends_with('/') {
+        format!("{root}{path}")
+    } else {
+        format!("{root}/{path}")
+    }
+}
+
+/// A snapshot's folder relative to its partition folder: `snapshots/<inverse_lsn>_<id>`.
+pub fn snapshot_folder(min_applied_lsn: Lsn, snapshot_id: SnapshotId) -> String {
+    format!(
+        "snapshots/{:016x}_{snapshot_id}",
+        u64::MAX - min_applied_lsn.0
+    )
+}
+
+/// A snapshot folder named in `latest.json` must be inside `snapshots/`.
+fn validate_snapshot_path(path: &str) -> std::result::Result<(), &'static str> {
+    crate::metadata::validate_object_key(path)?;
+    if !path.starts_with("snapshots/") {
+        return Err("it must be inside snapshots/");
+    }
+    Ok(())
+}
+
+fn parse_destination(destination: &str) -> std::result::Result<Destination, String> {
+    const EXPECTED: &str = "use file:///absolute/path, an absolute path, or s3://bucket/prefix";
+    if destination.starts_with('/') {
+        return Ok(Destination::Local(PathBuf::from(destination)));
+    }
+    let url = url::Url::parse(destination).map_err(|e| format!("{e}; {EXPECTED}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "credentials do not belong in the URL; use the AWS environment \
+                    (AWS_ACCESS_KEY_ID, AWS_PROFILE, …) or the repository options"
+                .into(),
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("a query or fragment is not supported; {EXPECTED}"));
+    }
+    match url.scheme() {
+        "file" => url
+            .to_file_path()
+            .map(Destination::Local)
+            .map_err(|()| format!("not an absolute local path; {EXPECTED}")),
+        "s3" => {
+            let bucket = url
+                .host_str()
+                .filter(|b| !b.is_empty())
+                .ok_or_else(|| format!("no bucket; {EXPECTED}"))?
+                .to_owned();
+            let prefix = url.path().trim_matches('/').to_owned();
+            Ok(Destination::S3 { bucket, prefix })
+        }
+        other => Err(format!("scheme {other}:// is not supported; {EXPECTED}")),
+    }
+}
+
+/// The destination with anything that may be a secret (user info, query) cut out, for messages.
+fn redact_destination(destination: &str) -> String {
+    match url::Url::parse(destination) {
+        Ok(mut url) if url.scheme() != "file" => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.to_string()
+        }
+        _ => destination.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn destinations_parse_into_local_folders_and_buckets() {
+        assert!(matches!(
+            parse_destination("/data/snapshots"),
+            Ok(Destination::Local(p)) if p == Path::new("/data/snapshots")
+        ));
+        assert!(matches!(
+            parse_destination("file:///data/snapshots"),
+            Ok(Destination::Local(p)) if p == Path::new("/data/snapshots")
+        ));
+        assert!(matches!(
+            parse_destination("s3://bucket/some/prefix/"),
+            Ok(Destination::S3 { bucket, prefix }) if bucket == "bucket" && prefix == "some/prefix"
+        ));
+        assert!(matches!(
+            parse_destination("s3://bucket"),
+            Ok(Destination::S3 { bucket, prefix }) if bucket == "bucket" && prefix.is_empty()
+        ));
+        for bad in [
+            "relative/path",
+            "gs://bucket",
+            "s3:///prefix",
+            "file://host/x",
+        ] {
+            assert!(parse_destination(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn secrets_in_a_destination_are_never_repeated() {
+        let err = SnapshotRepository::open(
+            "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/prefix?token=SECRETTOKEN",
+            RepositoryOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for secret in ["AKIDEXAMPLE", "wJalrXUtnFEMI", "SECRETTOKEN"] {
+            assert!(!err.contains(secret), "{err}");
+        }
+        assert!(err.contains("bucket"), "{err}");
+    }
+
+    #[test]
+    fn options_never_show_credentials() {
+        let options = RepositoryOptions {
+            access_key_id: Some("AKIDEXAMPLE".into()),
+            secret_access_key: Some("wJalrXUtnFEMI".into()),
+            ..RepositoryOptions::default()
+        };
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"));
+        let repo = SnapshotRepository::open("s3://bucket/prefix", options).unwrap();
+        let shown = format!("{repo:?}");
+        assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"));
+        assert!(shown.contains("s3://bucket/prefix"), "{shown}");
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_str().unwrap();
+        let cases = [
+            RepositoryOptions {
+                upload_concurrency: 0,
+                ..RepositoryOptions::default()
+            },
+            RepositoryOptions {
+                rate_limit_bytes_per_second: Some(0),
+                ..RepositoryOptions::default()
+            },
+            RepositoryOptions {
+                multipart_part_bytes: 0,
+                ..RepositoryOptions::default()
+            },
+        ];
+        for options in cases {
+            let err = SnapshotRepository::open(path, options).unwrap_err();
+            assert!(matches!(err, Error::InvalidOptions { .. }), "{err}");
+        }
+        let small_parts = RepositoryOptions {
+            multipart_part_bytes: MIB,
+            ..RepositoryOptions::default()
+        };
+        assert!(SnapshotRepository::open(path, small_parts.clone()).is_ok());
+        let err = SnapshotRepository::open("s3://bucket", small_parts).unwrap_err();
+        assert!(err.to_string().contains("5 MiB"), "{err}");
+        let half_credentials = RepositoryOptions {
+            access_key_id: Some("id".into()),
+            ..RepositoryOptions::default()
+        };
+        assert!(SnapshotRepository::open("s3://bucket", half_credentials).is_err());
+    }
+
+    #[test]
+    fn snapshot_folders_sort_newest_first() {
+        let id = SnapshotId::from_ulid(1);
+        assert_eq!(
+            snapshot_folder(Lsn(10), id),
+            format!("snapshots/fffffffffffffff5_{id}")
+        );
+        let mut folders: Vec<_> = [3u64, 700, 12, 0, u64::MAX]
+            .into_iter()
+            .map(|lsn| (snapshot_folder(Lsn(lsn), id), lsn))
+            .collect();
+        folders.sort();
+        let lsns: Vec<_> = folders.into_iter().map(|(_, lsn)| lsn).collect();
+        assert_eq!(lsns, vec![u64::MAX, 700, 12, 3, 0]);
+    }
+
+    #[test]
+    fn object_paths_sit_under_the_prefix_and_partition() {
+        let repo = SnapshotRepository::from_object_store(
+            Arc::new(object_store::memory::InMemory::new()),
+            "memory://",
+            "cluster/a",
+            RepositoryOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            repo.object_path(PartitionId(7), "ssts/abc.sst").as_ref(),
+            "cluster/a/7/ssts/abc.sst"
+        );
+        assert_eq!(repo.destination(), "memory://cluster/a");
+    }
+}

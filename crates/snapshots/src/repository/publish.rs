@@ -1,0 +1,321 @@
+//! Publishing a snapshot: SSTs that are not in the repository yet, then `metadata.json`, then
+//! `latest.json`. See the [repository's documentation](super#crash-consistency) for why this
+//! order leaves no visible partial snapshot.
+
+use super::latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
+use super::transfer::Progress;
+use super::{SnapshotRepository, snapshot_folder};
+use crate::metadata::PublishStats;
+use crate::{Checksum, Error, Result, SnapshotId, SnapshotMetadata};
+use cairn_types::{Lsn, PartitionId};
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Called with `(bytes_done, bytes_total)` as a publish progresses; files already in the
+/// repository count as done at once.
+pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// A point in publishing after which [`PublishOptions::stop_after`] can stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishStep {
+    /// Every SST file is in `ssts/`.
+    SstsUploaded,
+    /// `metadata.json` is written; `latest.json` is not updated yet.
+    MetadataWritten,
+}
+
+/// How to publish.
+#[derive(Clone, Default)]
+pub struct PublishOptions {
+    /// Keep this many snapshots visible (at least the new one); all when `None`. The ones that
+    /// fall out are returned in [`PublishReport::evicted`] for a garbage collector.
+    pub num_retained: Option<usize>,
+    /// Swap `latest.json` only if it is still as read here; by default publish reads it when it
+    /// starts. Either way, a `latest.json` changed by someone else in the meantime makes the
+    /// publish fail with [`Error::Conflict`].
+    pub based_on: Option<LatestRead>,
+    pub on_progress: Option<ProgressFn>,
+    /// Stop with [`Error::StoppedAfter`] once this step is done, as a crash there would: for
+    /// fault tests.
+    pub stop_after: Option<PublishStep>,
+}
+
+/// What a publish did.
+#[derive(Debug, Clone)]
+pub struct PublishReport {
+    pub snapshot_id: SnapshotId,
+    pub partition_id: PartitionId,
+    pub min_applied_lsn: Lsn,
+    /// The snapshot's folder relative to the partition folder.
+    pub path: String,
+    pub files: usize,
+    pub total_bytes: u64,
+    pub uploaded_files: usize,
+    pub uploaded_bytes: u64,
+    /// Names of the files that were uploaded; the others were in the repository already.
+    pub uploaded: Vec<String>,
+    /// Snapshots no longer retained, newest first, whose objects a garbage collector may delete.
+    pub evicted: Vec<RetainedSnapshot>,
+    /// The metadata as published, with checksums and object keys.
+    pub metadata: SnapshotMetadata,
+    pub duration: Duration,
+}
+
+struct PublishedFile {
+    checksum: Checksum,
+    key: String,
+    uploaded: bool,
+}
+
+impl SnapshotRepository {
+    /// Publishes the export in `export_dir` described by `metadata` (whose files are at
+    /// `export_dir/<name>`), retaining every older snapshot.
+    pub async fn publish(
+        &self,
+        export_dir: &Path,
+        metadata: SnapshotMetadata,
+    ) -> Result<PublishReport> {
+        self.publish_with(export_dir, metadata, PublishOptions::default())
+            .await
+    }
+
+    /// [`SnapshotRepository::publish`] with options.
+    pub async fn publish_with(
+        &self,
+        export_dir: &Path,
+        mut metadata: SnapshotMetadata,
+        options: PublishOptions,
+    ) -> Result<PublishReport> {
+        let started = Instant::now();
+        let partition = metadata.partition_id;
+        let snapshot_id = metadata.snapshot_id;
+        metadata
+            .validate()
+            .map_err(|reason| Error::MalformedMetadata {
+                location: format!("the metadata of the export in {}", export_dir.display()),
+                reason,
+            })?;
+
+        // Read latest.json first: refusing an out-of-date snapshot costs nothing now, and the
+        // swap at the end must be against what was read here.
+        let base = match options.based_on.clone() {
+            Some(base) => base,
+            None => self.read_latest(partition).await?,
+        };
+        if let Some(latest) = &base.latest {
+            if latest.retained.iter().any(|r| r.snapshot_id == snapshot_id) {
+                return Err(Error::AlreadyPublished {
+                    partition,
+                    snapshot_id,
+                });
+            }
+            if metadata.min_applied_lsn < latest.min_applied_lsn {
+                return Err(Error::OlderThanLatest {
+                    partition,
+                    snapshot_id,
+                    min_applied_lsn: metadata.min_applied_lsn,
+                    latest_snapshot_id: latest.snapshot_id,
+                    latest_lsn: latest.min_applied_lsn,
+                });
+            }
+        }
+
+        // 1. SST files.
+        let progress = Progress::new(metadata.size(), options.on_progress.clone());
+        // Owned items: a stream over borrowed ones makes the future unusable with tokio::spawn
+        // (rust-lang/rust#102211).
+        let progress = &progress;
+        let published: Vec<PublishedFile> = futures::stream::iter(metadata.files.clone())
+            .map(|file| async move {
+                self.publish_file(partition, export_dir, &file, progress)
+                    .await
+            })
+            .buffered(self.transfer_concurrency)
+            .try_collect()
+            .await?;
+        let mut stats = PublishStats::default();
+        let mut uploaded = Vec::new();
+        for (file, published) in metadata.files.iter_mut().zip(published) {
+            file.checksum = Some(published.checksum);
+            file.key = Some(published.key);
+            if published.uploaded {
+                stats.uploaded_files += 1;
+                stats.uploaded_bytes += file.size;
+                uploaded.push(file.name.clone());
+            }
+        }
+        metadata.stats = Some(stats);
+        stop_if_asked(&options, PublishStep::SstsUploaded)?;
+
+        // 2. metadata.json, create-only: an existing one means this id was published before.
+        let folder = snapshot_folder(metadata.min_applied_lsn, snapshot_id);
+        let location = self.object_path(partition, &format!("{folder}/metadata.json"));
+        let payload = PutPayload::from(metadata.to_json_pretty());
+        let created = self
+            .retry
+            .run("write metadata.json", || async {
+                match self
+                    .store
+                    .put_opts(
+                        &location,
+                        payload.clone(),
+                        PutOptions::from(PutMode::Create),
+                    )
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+                    Err(e) => Err(self.store_error("write", &location, e)),
+                }
+            })
+            .await?;
+        if !created {
+            // A retry of a publish that stopped after this step: go on if it is the same snapshot.
+            // Its stats stay as first written; they count what the first attempt uploaded.
+            metadata = self
+                .same_metadata_written_before(&location, metadata)
+                .await?
+                .ok_or(Error::AlreadyPublished {
+                    partition,
+                    snapshot_id,
+                })?;
+        }
+        stop_if_asked(&options, PublishStep::MetadataWritten)?;
+
+        // 3. latest.json: the snapshot becomes visible.
+        let newest = RetainedSnapshot {
+            snapshot_id,
+            min_applied_lsn: metadata.min_applied_lsn,
+            path: folder.clone(),
+        };
+        let (latest, evicted) = LatestSnapshot::with_newest(
+            base.latest.as_ref(),
+            partition,
+            newest,
+            options.num_retained,
+        );
+        self.swap_latest(partition, &base.version, &latest).await?;
+
+        let report = PublishReport {
+            snapshot_id,
+            partition_id: partition,
+            min_applied_lsn: metadata.min_applied_lsn,
+            path: folder,
+            files: metadata.files.len(),
+            total_bytes: metadata.size(),
+            uploaded_files: uploaded.len(),
+            uploaded_bytes: stats.uploaded_bytes,
+            uploaded,
+            evicted,
+            duration: started.elapsed(),
+            metadata,
+        };
+        tracing::info!(
+            %snapshot_id,
+            %partition,
+            lsn = %report.min_applied_lsn,
+            files = report.files,
+            total_bytes = report.total_bytes,
+            uploaded_files = report.uploaded_files,
+            uploaded_bytes = report.uploaded_bytes,
+            duration = ?report.duration,
+            destination = %self.destination(),
+            "published snapshot"
+        );
+        Ok(report)
+    }
+
+    /// The `metadata.json` at `location` if it describes the same snapshot as `ours` (ignoring
+    /// the stats), else `None`.
+    async fn same_metadata_written_before(
+        &self,
+        location: &object_store::path::Path,
+        ours: SnapshotMetadata,
+    ) -> Result<Option<SnapshotMetadata>> {
+        let bytes = self
+            .retry
+            .run("read metadata.json", || async {
+                let result = self
+                    .store
+                    .get(location)
+                    .await
+                    .map_err(|e| self.store_error("read", location, e))?;
+                result
+                    .bytes()
+                    .await
+                    .map_err(|e| self.store_error("read", location, e))
+            })
+            .await?;
+        let existing = SnapshotMetadata::from_json_at(&bytes, &self.describe(location))?;
+        let without_stats = |m: &SnapshotMetadata| SnapshotMetadata {
+            stats: None,
+            ..m.clone()
+        };
+        Ok((without_stats(&existing) == without_stats(&ours)).then_some(existing))
+    }
+
+    /// Hashes one export file and uploads it unless the repository has it already.
+    async fn publish_file(
+        &self,
+        partition: PartitionId,
+        export_dir: &Path,
+        file: &crate::SnapshotFile,
+        progress: &Progress,
+    ) -> Result<PublishedFile> {
+        let name = file
+            .file_name()
+            .map_err(|reason| Error::MalformedMetadata {
+                location: format!("the metadata of the export in {}", export_dir.display()),
+                reason,
+            })?;
+        let path = export_dir.join(name);
+        let (size, checksum) = super::transfer::hash_file(&path).await?;
+        if size != file.size {
+            return Err(Error::BadExport {
+                path,
+                reason: format!("it has {size} bytes, but the metadata says {}", file.size),
+            });
+        }
+        let key = format!("ssts/{}.sst", checksum.hex());
+        let location = self.object_path(partition, &key);
+        let existing = self
+            .retry
+            .run("check sst", || async {
+                match self.store.head(&location).await {
+                    Ok(meta) => Ok(Some(meta.size)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.store_error("check", &location, e)),
+                }
+            })
+            .await?;
+        // Same content hash and size: the object holds these bytes (verify would tell otherwise).
+        // Any other size is a broken leftover, replaced below.
+        if existing == Some(size) {
+            tracing::debug!(file = name, key, "sst already in the repository");
+            progress.advance(size);
+            return Ok(PublishedFile {
+                checksum,
+                key,
+                uploaded: false,
+            });
+        }
+        self.upload_file(&path, &location, Some(checksum), progress)
+            .await?;
+        tracing::debug!(file = name, key, size, "uploaded sst");
+        Ok(PublishedFile {
+            checksum,
+            key,
+            uploaded: true,
+        })
+    }
+}
+
+fn stop_if_asked(options: &PublishOptions, step: PublishStep) -> Result<()> {
+    if options.stop_after == Some(step) {
+        return Err(Error::StoppedAfter { step });
+    }
+    Ok(())
+}

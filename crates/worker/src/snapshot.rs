@@ -1,0 +1,262 @@
+//! The snapshot producer: exports a partition's store and publishes it to the repository.
+//!
+//! ```text
+//!   processor (between two records)          producer                         repository
+//!   export CF ──▶ <base>/db-snapshots/<pid>/<snapshot_id>/ ──▶ metadata V1 ──▶ SSTs → metadata.json → latest.json
+//!                                                             └─ export folder removed once published
+//! ```
+//!
+//! # Consistency
+//! The export is made by the processor between two records, so its `min_applied_lsn` is exactly
+//! what its files hold. Snapshots of one partition are produced one at a time on a node, so two
+//! requests never race each other for `latest.json`.
+//!
+//! # Crash consistency
+//! A crash leaves at most an export folder (removed by [`SnapshotProducer::remove_leftover_exports`]
+//! at the next start) and objects that no `latest.json` references (orphans, never visible).
+
+use crate::{Error, Partition, Result};
+use cairn_partition_store::ColumnFamilyExport;
+use cairn_snapshots::{
+    MetadataVersion, ProgressFn, PublishOptions, SnapshotFile, SnapshotId, SnapshotMetadata,
+    SnapshotRepository,
+};
+use cairn_types::{LogId, Lsn, PartitionId};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+use tracing::{info, warn};
+
+/// What `CreateSnapshot` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedSnapshot {
+    pub snapshot_id: SnapshotId,
+    pub partition_id: PartitionId,
+    pub lsn: Lsn,
+    /// False when an existing snapshot already covered the requested LSN.
+    pub created: bool,
+    pub total_files: usize,
+    pub total_bytes: u64,
+    pub uploaded_files: usize,
+    pub uploaded_bytes: u64,
+}
+
+pub struct SnapshotProducer {
+    repository: Arc<SnapshotRepository>,
+    /// `<base-dir>/db-snapshots`
+    export_root: PathBuf,
+    cluster_name: String,
+    node_name: String,
+    /// One snapshot at a time per partition.
+    in_progress: Mutex<HashMap<PartitionId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl SnapshotProducer {
+    pub fn new(
+        repository: Arc<SnapshotRepository>,
+        export_root: PathBuf,
+        cluster_name: String,
+        node_name: String,
+    ) -> SnapshotProducer {
+        SnapshotProducer {
+            repository,
+            export_root,
+            cluster_name,
+            node_name,
+            in_progress: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn repository(&self) -> &Arc<SnapshotRepository> {
+        &self.repository
+    }
+
+    /// Removes export folders that a crash left behind: their snapshots were never published or
+    /// are published already.
+    pub fn remove_leftover_exports(&self) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(&self.export_root) {
+            Ok(()) => {
+                info!(path = %self.export_root.display(), "removed leftover snapshot exports")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Snapshots `partition` and publishes it, unless the latest snapshot already covers
+    /// `min_lsn` (default: the partition's applied LSN), which is then returned instead.
+    pub async fn create(
+        &self,
+        partition: &Partition,
+        min_lsn: Option<Lsn>,
+        on_progress: Option<ProgressFn>,
+    ) -> Result<CreatedSnapshot> {
+        let id = partition.id();
+        let lock = self
+            .in_progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default()
+            .clone();
+        let _one_at_a_time = lock.lock().await;
+
+        let wanted = min_lsn.unwrap_or_else(|| partition.applied_lsn());
+        if let Some(existing) = self.covering(id, wanted).await? {
+            info!(partition = %id, snapshot_id = %existing.snapshot_id, lsn = %existing.lsn, "latest snapshot already covers LSN {wanted}");
+            return Ok(existing);
+        }
+        let tail = partition
+            .log()
+            .state()
+            .await
+            .map_err(|e| snapshot_error(id, "read log state", e))?
+            .tail;
+        if wanted > tail {
+            return Err(Error::Snapshot {
+                partition: id,
+                context: "create snapshot",
+                message: format!("minimum LSN {wanted} is past the log's tail {tail}"),
+            });
+        }
+        partition.wait_applied(wanted).await?;
+
+        let snapshot_id = SnapshotId::generate();
+        let partition_dir = self.export_root.join(id.to_string());
+        std::fs::create_dir_all(&partition_dir)
+            .map_err(|e| snapshot_error(id, "create export folder", e))?;
+        let export_dir = partition_dir.join(snapshot_id.to_string());
+        let export = partition.export(export_dir.clone()).await?;
+        let result = self
+            .publish(partition, snapshot_id, &export, on_progress)
+            .await;
+        if let Err(err) = std::fs::remove_dir_all(&export_dir) {
+            warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
+        }
+        result
+    }
+
+    async fn publish(
+        &self,
+        partition: &Partition,
+        snapshot_id: SnapshotId,
+        export: &ColumnFamilyExport,
+        on_progress: Option<ProgressFn>,
+    ) -> Result<CreatedSnapshot> {
+        let id = partition.id();
+        let metadata = SnapshotMetadata {
+            version: MetadataVersion::V1,
+            cluster_name: self.cluster_name.clone(),
+            partition_id: id,
+            node_name: self.node_name.clone(),
+            created_at: SystemTime::now(),
+            snapshot_id,
+            key_range: partition.key_range(),
+            min_applied_lsn: export.applied_lsn,
+            db_comparator_name: export.comparator_name.clone(),
+            files: export
+                .files
+                .iter()
+                .map(|f| SnapshotFile {
+                    column_family_name: f.column_family_name.clone(),
+                    name: f.name.clone(),
+                    directory: f.directory.clone(),
+                    size: f.size,
+                    level: f.level,
+                    start_key: hex(&f.start_key),
+                    end_key: hex(&f.end_key),
+                    smallest_seqno: f.smallest_seqno,
+                    largest_seqno: f.largest_seqno,
+                    num_entries: f.num_entries,
+                    num_deletions: f.num_deletions,
+                    checksum: None,
+                    key: None,
+                })
+                .collect(),
+            log_id: LogId::from(id),
+            stats: None,
+        };
+        info!(
+            partition = %id,
+            %snapshot_id,
+            lsn = %export.applied_lsn,
+            export = %export.dir.display(),
+            "Partition snapshot written"
+        );
+        let options = PublishOptions {
+            on_progress,
+            ..PublishOptions::default()
+        };
+        let report = self
+            .repository
+            .publish_with(&export.dir, metadata, options)
+            .await
+            .map_err(|e| snapshot_error(id, "publish snapshot", e))?;
+        info!(
+            partition = %id,
+            %snapshot_id,
+            lsn = %report.min_applied_lsn,
+            files = report.files,
+            bytes = report.total_bytes,
+            uploaded_files = report.uploaded_files,
+            uploaded_bytes = report.uploaded_bytes,
+            destination = %self.repository.destination(),
+            duration_ms = report.duration.as_millis() as u64,
+            "Partition snapshot published"
+        );
+        Ok(CreatedSnapshot {
+            snapshot_id,
+            partition_id: id,
+            lsn: report.min_applied_lsn,
+            created: true,
+            total_files: report.files,
+            total_bytes: report.total_bytes,
+            uploaded_files: report.uploaded_files,
+            uploaded_bytes: report.uploaded_bytes,
+        })
+    }
+
+    /// The latest snapshot of `partition` if it covers `lsn`.
+    async fn covering(&self, partition: PartitionId, lsn: Lsn) -> Result<Option<CreatedSnapshot>> {
+        let Some(latest) = self
+            .repository
+            .latest(partition)
+            .await
+            .map_err(|e| snapshot_error(partition, "read latest.json", e))?
+        else {
+            return Ok(None);
+        };
+        if latest.min_applied_lsn < lsn {
+            return Ok(None);
+        }
+        let metadata = self
+            .repository
+            .metadata(partition, latest.snapshot_id)
+            .await
+            .map_err(|e| snapshot_error(partition, "read snapshot metadata", e))?;
+        Ok(Some(CreatedSnapshot {
+            snapshot_id: latest.snapshot_id,
+            partition_id: partition,
+            lsn: latest.min_applied_lsn,
+            created: false,
+            total_files: metadata.files.len(),
+            total_bytes: metadata.size(),
+            uploaded_files: 0,
+            uploaded_bytes: 0,
+        }))
+    }
+}
+
+fn snapshot_error(partition: PartitionId, context: &'static str, err: impl ToString) -> Error {
+    Error::Snapshot {
+        partition,
+        context,
+        message: err.to_string(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
