@@ -160,8 +160,13 @@ async fn drive(args: &Args, address: &str, workload: Workload) -> anyhow::Result
         tasks.push(tokio::spawn(async move {
             let mut seq = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                // Each workload writes its own keys, so insert-if-absent always inserts.
+                let tag = match workload {
+                    Workload::Put => "put",
+                    Workload::InsertIfAbsent => "iia",
+                };
                 let names: Vec<Bytes> = (0..batch_len)
-                    .map(|j| Bytes::from(format!("c{c}-{seq}-{j}")))
+                    .map(|j| Bytes::from(format!("{tag}-c{c}-{seq}-{j}")))
                     .collect();
                 match workload {
                     Workload::Put => {
