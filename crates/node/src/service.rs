@@ -228,24 +228,21 @@ impl AdminService {
     }
 
     fn partition(&self, partition_id: u32) -> Result<&Arc<Partition>, Status> {
-        u16::try_from(partition_id)
-            .ok()
-            .and_then(|id| self.state.partition(PartitionId(id)))
-            .ok_or_else(|| {
-                Status::not_found(format!(
-                    "partition {partition_id} does not exist; this cluster has partitions 0 to {}",
-                    self.state.num_partitions() - 1
-                ))
-            })
+        self.numbered(partition_id, "partition", "partitions")
     }
 
+    /// Every log belongs to the partition with the same number.
     fn log_partition(&self, log_id: u32) -> Result<&Arc<Partition>, Status> {
-        u16::try_from(log_id)
+        self.numbered(log_id, "log", "logs")
+    }
+
+    fn numbered(&self, id: u32, noun: &str, nouns: &str) -> Result<&Arc<Partition>, Status> {
+        u16::try_from(id)
             .ok()
             .and_then(|id| self.state.partition(PartitionId(id)))
             .ok_or_else(|| {
                 Status::not_found(format!(
-                    "log {log_id} does not exist; this cluster has logs 0 to {}",
+                    "{noun} {id} does not exist; this cluster has {nouns} 0 to {}",
                     self.state.num_partitions() - 1
                 ))
             })

@@ -503,14 +503,6 @@ impl SnapshotRepository {
             })?;
         let target = staging_dir.join(name);
         let partial = staging_dir.join(format!("{name}.partial"));
-        let io = |context: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io {
-                context,
-                path,
-                source,
-            }
-        };
         let result = async {
             let out = tokio::fs::File::create(&partial)
                 .await
@@ -561,14 +553,6 @@ impl SnapshotRepository {
         let mut partial_name = out.as_os_str().to_owned();
         partial_name.push(".partial");
         let partial = PathBuf::from(partial_name);
-        let io = |context: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io {
-                context,
-                path,
-                source,
-            }
-        };
         let result = async {
             let file = tokio::fs::File::create(&partial)
                 .await
@@ -661,6 +645,16 @@ fn tar_padding_after(size: u64) -> Bytes {
         Bytes::new()
     } else {
         Bytes::from(vec![0u8; TAR_BLOCK - remainder])
+    }
+}
+
+/// Maps an IO error on `path` to [`Error::Io`], for `map_err`.
+fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        context,
+        path,
+        source,
     }
 }
 
