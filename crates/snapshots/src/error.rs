@@ -101,6 +101,12 @@ pub enum Error {
         snapshot_id: SnapshotId,
     },
 
+    #[error(
+        "partition {partition}'s latest.json changed while its snapshot garbage was being \
+         collected, so nothing was deleted: another publisher is at work; collect again later"
+    )]
+    LatestChangedDuringGc { partition: PartitionId },
+
     /// Publish stopped on purpose after `step` because [`crate::PublishOptions::stop_after`] asked
     /// it to: fault tests use it to stand for a crash at that point.
     #[error("publishing stopped after step {step:?} as asked")]

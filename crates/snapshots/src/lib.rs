@@ -4,7 +4,9 @@
 //! `metadata.json` ([`SnapshotMetadata`]), identified by a [`SnapshotId`]. The
 //! [`SnapshotRepository`] publishes snapshots to a local folder or an S3 bucket incrementally (an
 //! SST already uploaded by an older snapshot is shared, not uploaded again), lists, verifies,
-//! downloads and exports them. See [`repository`] for the object layout and its guarantees.
+//! downloads and exports them, and deletes what no retained snapshot needs any more. See
+//! [`repository`] for the object layout and its guarantees, and [`repository::gc`] for garbage
+//! collection.
 //!
 //! Architecture invariant: this crate knows nothing of RocksDB, logs or gRPC. It takes an export
 //! folder and its metadata and gives back files and metadata; producing the export and importing
@@ -21,7 +23,8 @@ pub use metadata::{
     Checksum, METADATA_VERSION, MetadataVersion, PublishStats, SnapshotFile, SnapshotMetadata,
 };
 pub use repository::{
-    DownloadReport, ExportReport, LatestRead, LatestSnapshot, ProgressFn, PublishOptions,
-    PublishReport, PublishStep, RepositoryOptions, RetainedSnapshot, SnapshotRepository,
-    SnapshotSummary, UploadReport, VerifyReport, snapshot_folder,
+    DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LatestRead,
+    LatestSnapshot, ProgressFn, PublishOptions, PublishReport, PublishStep, RepositoryOptions,
+    RetainedSnapshot, SnapshotRepository, SnapshotSummary, UploadReport, VerifyReport,
+    snapshot_folder,
 };

@@ -310,7 +310,11 @@ impl SnapshotRepository {
         }
     }
 
-    fn local_path(&self, fs: &LocalFileSystem, location: &ObjectPath) -> Result<PathBuf> {
+    pub(super) fn local_path(
+        &self,
+        fs: &LocalFileSystem,
+        location: &ObjectPath,
+    ) -> Result<PathBuf> {
         fs.path_to_filesystem(location)
             .map_err(|e| self.store_error("locate", location, e))
     }

@@ -22,8 +22,17 @@
 //! files by their object key (`ssts/<hash>.sst`, relative to the partition folder).
 //!
 //! A snapshot is *visible* when the partition's `latest.json` retains it; everything else under
-//! the partition folder is an orphan for a garbage collector to remove. Readers ([`list`],
+//! `snapshots/` and `ssts/` that no visible snapshot references is garbage. Readers ([`list`],
 //! [`find`], [`verify`], [`download`], [`export_tar`]) see visible snapshots only.
+//!
+//! # Garbage collection
+//! [`SnapshotRepository::collect_garbage`] deletes a partition's garbage: the folders and
+//! unshared SSTs of snapshots that a publish just evicted at once, any other garbage (leftovers of
+//! crashed or conflicting publishes) only once it is older than a grace period, so that a publish
+//! in flight keeps what it uploaded. It never deletes what a retained snapshot references, and
+//! deletes nothing when it cannot read every retained `metadata.json`.
+//! [`SnapshotRepository::sweep_orphans`] runs the grace rule alone. See [`gc`] for the rule, its
+//! crash consistency and its known limit.
 //!
 //! # Crash consistency
 //! Publishing writes in this order: the SST files that are not in `ssts/` yet (each appears
@@ -53,9 +62,9 @@
 //! ([`Error::OlderThanLatest`]) so that `latest.json` never goes back.
 //!
 //! # Cancellation
-//! Dropping a publish future stops it between requests, with the same effect as a crash. On S3 an
-//! interrupted multipart upload is not aborted and keeps its parts until the bucket's lifecycle
-//! rule `AbortIncompleteMultipartUpload` removes them; configure one.
+//! Dropping a publish or garbage collection future stops it between requests, with the same
+//! effect as a crash. On S3 an interrupted multipart upload is not aborted and keeps its parts
+//! until the bucket's lifecycle rule `AbortIncompleteMultipartUpload` removes them; configure one.
 //!
 //! [`list`]: SnapshotRepository::list
 //! [`find`]: SnapshotRepository::find
@@ -63,12 +72,14 @@
 //! [`download`]: SnapshotRepository::download
 //! [`export_tar`]: SnapshotRepository::export_tar
 
+pub mod gc;
 mod latest;
 mod publish;
 mod rate_limit;
 mod retry;
 mod transfer;
 
+pub use gc::{DEFAULT_ORPHAN_GRACE, GcOptions, GcReport};
 pub use latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
 pub use publish::{ProgressFn, PublishOptions, PublishReport, PublishStep};
 pub use transfer::{DownloadReport, ExportReport, UploadReport, VerifyReport};
