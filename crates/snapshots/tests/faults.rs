@@ -4,7 +4,8 @@
 mod support;
 
 use async_trait::async_trait;
-use cairn_snapshots::{Error, RepositoryOptions, SnapshotRepository};
+use cairn_snapshots::{Error, GcOptions, PublishOptions, RepositoryOptions, SnapshotRepository};
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -16,13 +17,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use support::{export, random_bytes};
 
-/// An in-memory store whose first `put_failures` puts and `get_failures` gets fail as a dropped
-/// connection would.
+/// An in-memory store whose first `put_failures` puts, `get_failures` gets and `delete_failures`
+/// deletes fail as a dropped connection would.
 #[derive(Debug, Default)]
 struct Flaky {
     inner: InMemory,
     put_failures: AtomicU32,
     get_failures: AtomicU32,
+    /// Shared with the delete streams, which outlive the call that makes them.
+    delete_failures: Arc<AtomicU32>,
     puts: AtomicU32,
 }
 
@@ -83,6 +86,16 @@ impl ObjectStore for Flaky {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
+        let failures = self.delete_failures.clone();
+        let locations = locations
+            .map(move |location| {
+                if take_failure(&failures) {
+                    Err(connection_reset())
+                } else {
+                    location
+                }
+            })
+            .boxed();
         self.inner.delete_stream(locations)
     }
 
@@ -158,6 +171,66 @@ async fn a_permanent_failure_names_the_object_after_the_retries() {
             .unwrap()
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn a_failed_garbage_collection_does_not_fail_the_publish() {
+    let store = Arc::new(Flaky::default());
+    let repo = repository(store.clone(), 2);
+    let partition = cairn_types::PartitionId(1);
+    let options = PublishOptions {
+        num_retained: Some(1),
+        ..PublishOptions::default()
+    };
+    let first = export(1, 10, &[("000001.sst", random_bytes(1, 100))]);
+    let second = export(1, 20, &[("000002.sst", random_bytes(2, 100))]);
+    repo.publish_with(first.path(), first.metadata.clone(), options.clone())
+        .await
+        .unwrap();
+    store.delete_failures.store(u32::MAX, Ordering::SeqCst);
+    let report = repo
+        .publish_with(second.path(), second.metadata.clone(), options)
+        .await
+        .expect("the snapshot is visible, whatever the collection does");
+    let err = report
+        .gc
+        .expect("an eviction runs a collection")
+        .unwrap_err();
+    assert!(
+        matches!(
+            *err,
+            Error::ObjectStore {
+                context: "delete",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("cannot delete flaky://cluster/1/ssts/"),
+        "SSTs go first: {err}"
+    );
+    let latest = repo.latest(partition).await.unwrap().unwrap();
+    assert_eq!(latest.snapshot_id, second.id());
+    assert_eq!(latest.retained.len(), 1);
+
+    // The store recovers (with a transient failure left, which is retried); collecting with the
+    // evicted list from the report deletes the first snapshot at once.
+    store.delete_failures.store(1, Ordering::SeqCst);
+    let gc = repo
+        .collect_garbage(
+            partition,
+            &GcOptions {
+                evicted: report.evicted.clone(),
+                ..GcOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(gc.deleted_snapshots, vec![first.id()]);
+    assert_eq!(gc.deleted_objects, 2);
+    repo.verify(second.id()).await.unwrap();
 }
 
 #[tokio::test]

@@ -30,9 +30,9 @@
 //! unshared SSTs of snapshots that a publish just evicted at once, any other garbage (leftovers of
 //! crashed or conflicting publishes) only once it is older than a grace period, so that a publish
 //! in flight keeps what it uploaded. It never deletes what a retained snapshot references, and
-//! deletes nothing when it cannot read every retained `metadata.json`.
-//! [`SnapshotRepository::sweep_orphans`] runs the grace rule alone. See [`gc`] for the rule, its
-//! crash consistency and its known limit.
+//! deletes nothing when it cannot read every retained `metadata.json`. A publish whose swap
+//! evicts snapshots runs it ([`PublishReport::gc`]); [`SnapshotRepository::sweep_orphans`] runs
+//! the grace rule alone. See [`gc`] for the rule, its crash consistency and its known limit.
 //!
 //! # Crash consistency
 //! Publishing writes in this order: the SST files that are not in `ssts/` yet (each appears

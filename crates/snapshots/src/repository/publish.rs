@@ -1,7 +1,9 @@
 //! Publishing a snapshot: SSTs that are not in the repository yet, then `metadata.json`, then
 //! `latest.json`. See the [repository's documentation](super#crash-consistency) for why this
-//! order leaves no visible partial snapshot.
+//! order leaves no visible partial snapshot. When the swap evicts snapshots, publish then
+//! [collects the partition's garbage](super::gc); a failure there does not fail the publish.
 
+use super::gc::{DEFAULT_ORPHAN_GRACE, GcOptions, GcReport};
 use super::latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
 use super::transfer::Progress;
 use super::{SnapshotRepository, snapshot_folder};
@@ -31,8 +33,13 @@ pub enum PublishStep {
 #[derive(Clone, Default)]
 pub struct PublishOptions {
     /// Keep this many snapshots visible (at least the new one); all when `None`. The ones that
-    /// fall out are returned in [`PublishReport::evicted`] for a garbage collector.
+    /// fall out are returned in [`PublishReport::evicted`] and deleted right away, with the SSTs
+    /// that only they referenced, by a garbage collection ([`PublishReport::gc`]).
     pub num_retained: Option<usize>,
+    /// How old other unreferenced objects of the partition must be for the garbage collection
+    /// that follows an eviction to delete them (they may belong to a publish in flight);
+    /// [`DEFAULT_ORPHAN_GRACE`] when `None`.
+    pub orphan_grace: Option<Duration>,
     /// Swap `latest.json` only if it is still as read here; by default publish reads it when it
     /// starts. Either way, a `latest.json` changed by someone else in the meantime makes the
     /// publish fail with [`Error::Conflict`].
@@ -57,10 +64,15 @@ pub struct PublishReport {
     pub uploaded_bytes: u64,
     /// Names of the files that were uploaded; the others were in the repository already.
     pub uploaded: Vec<String>,
-    /// Snapshots no longer retained, newest first, whose objects a garbage collector may delete.
+    /// Snapshots no longer retained, newest first.
     pub evicted: Vec<RetainedSnapshot>,
+    /// The garbage collection that ran after the swap because it evicted snapshots: `None` when
+    /// nothing was evicted. Its failure does not fail the publish (the snapshot is visible
+    /// either way) but leaves garbage for a later collection; the caller should log it.
+    pub gc: Option<Result<GcReport, Arc<Error>>>,
     /// The metadata as published, with checksums and object keys.
     pub metadata: SnapshotMetadata,
+    /// Time until the snapshot became visible; the garbage collection after it is not counted.
     pub duration: Duration,
 }
 
@@ -198,6 +210,27 @@ impl SnapshotRepository {
             options.num_retained,
         );
         self.swap_latest(partition, &base.version, &latest).await?;
+        let duration = started.elapsed();
+
+        let gc = if evicted.is_empty() {
+            None
+        } else {
+            let gc_options = GcOptions {
+                orphan_grace: options.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE),
+                evicted: evicted.clone(),
+            };
+            let collected = self.collect_garbage(partition, &gc_options).await;
+            if let Err(error) = &collected {
+                tracing::warn!(
+                    %snapshot_id,
+                    %partition,
+                    %error,
+                    "published snapshot, but could not collect the snapshots it evicted; a \
+                     later collection deletes them"
+                );
+            }
+            Some(collected.map_err(Arc::new))
+        };
 
         let report = PublishReport {
             snapshot_id,
@@ -210,7 +243,8 @@ impl SnapshotRepository {
             uploaded_bytes: stats.uploaded_bytes,
             uploaded,
             evicted,
-            duration: started.elapsed(),
+            gc,
+            duration,
             metadata,
         };
         tracing::info!(
@@ -221,6 +255,7 @@ impl SnapshotRepository {
             total_bytes = report.total_bytes,
             uploaded_files = report.uploaded_files,
             uploaded_bytes = report.uploaded_bytes,
+            evicted = report.evicted.len(),
             duration = ?report.duration,
             destination = %self.destination(),
             "published snapshot"
