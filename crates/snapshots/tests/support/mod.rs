@@ -178,3 +178,32 @@ pub async fn sst_keys(repo: &SnapshotRepository, partition: u16) -> Vec<String> 
     keys.sort();
     keys
 }
+
+/// Every object under a partition's folder: key relative to it → size.
+pub async fn objects(repo: &SnapshotRepository, partition: u16) -> BTreeMap<String, u64> {
+    use futures::TryStreamExt;
+    let folder = repo.object_path(PartitionId(partition), "");
+    repo.object_store()
+        .list(Some(&folder))
+        .map_ok(|meta| {
+            let key = meta
+                .location
+                .prefix_match(&folder)
+                .expect("listed under the folder")
+                .map(|part| part.as_ref().to_owned())
+                .collect::<Vec<_>>()
+                .join("/");
+            (key, meta.size)
+        })
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// Objects and bytes under a partition's folder, leaving out the local repository's
+/// `latest.json.lock`, which the other backends do not have.
+pub async fn usage(repo: &SnapshotRepository, partition: u16) -> (usize, u64) {
+    let objects = objects(repo, partition).await;
+    let counted = objects.iter().filter(|(key, _)| *key != "latest.json.lock");
+    (counted.clone().count(), counted.map(|(_, size)| size).sum())
+}
