@@ -183,9 +183,9 @@ async fn every_call_works_and_refuses_bad_input() {
     assert_eq!(client.describe_logs(None).await.unwrap().len(), 16);
     let err = client.describe_logs(Some(16)).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::NotFound), "{err}");
-    let err = client.trim_log(70_000, 1).await.unwrap_err();
+    let err = client.trim_log(70_000, 1, false).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::NotFound), "{err}");
     let log = &client.describe_logs(Some(0)).await.unwrap()[0];
-    let err = client.trim_log(0, log.tail + 1).await.unwrap_err();
+    let err = client.trim_log(0, log.tail + 1, true).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
 }

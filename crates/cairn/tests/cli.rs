@@ -99,8 +99,34 @@ fn partitions_and_logs_are_listed_and_trim_is_guarded() {
 
     let err = fails(cairnctl(a, &["logs", "trim", "-l", &log, "-t", "2"]));
     assert!(err.contains("pass -y"), "{err}");
-    let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "3"]));
+    // No snapshot covers the log yet: trimming would lose records to every restore.
+    let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "2"]));
+    assert!(
+        err.contains("no snapshot covers log")
+            && err.contains("records 1..=2 would be lost")
+            && err.contains("--force"),
+        "{err}"
+    );
+    // --force goes past the archived LSN, but never past what the partition applied.
+    let err = fails(cairnctl(
+        a,
+        &["-y", "logs", "trim", "-l", &log, "-t", "3", "--force"],
+    ));
     assert!(err.contains("applied only up to LSN 2"), "{err}");
+    let out = ok(cairnctl(
+        a,
+        &["-y", "logs", "trim", "-l", &log, "-t", "1", "--force"],
+    ));
+    assert!(out.contains("trim point 1"), "{out}");
+    // A snapshot archives the log up to its LSN: trimming to there needs no force, past it does.
+    let created = ok(cairnctl(a, &["snapshots", "create", "-p", &log]));
+    assert!(created.contains("Snapshot created"), "{created}");
+    ok(cairnctl(a, &["kv", "put", "k", "v2"]));
+    let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "3"]));
+    assert!(
+        err.contains("only up to LSN 2 (the archived LSN)") && err.contains("records 3..=3"),
+        "{err}"
+    );
     let out = ok(cairnctl(a, &["-y", "logs", "trim", "-l", &log, "-t", "2"]));
     assert!(out.contains("trim point 2"), "{out}");
     let err = fails(cairnctl(a, &["-y", "logs", "trim", "-l", "99", "-t", "1"]));
@@ -111,7 +137,7 @@ fn partitions_and_logs_are_listed_and_trim_is_guarded() {
     let server = Server::start(dir.path());
     assert_eq!(
         ok(cairnctl(&server.address, &["kv", "get", "k"])).trim(),
-        "v"
+        "v2"
     );
     let logs = ok(cairnctl(&server.address, &["logs", "describe", "-l", &log]));
     assert!(

@@ -90,6 +90,9 @@ pub enum SnapshotsCommand {
         /// Return an existing snapshot if it covers this LSN; otherwise cover at least it
         #[arg(long)]
         min_lsn: Option<u64>,
+        /// Trim the partition's log up to the snapshot's LSN once it is published
+        #[arg(long)]
+        trim_log: bool,
     },
     /// List snapshots in the repository, newest first
     List {
@@ -152,6 +155,14 @@ pub enum KvCommand {
 pub enum PartitionsCommand {
     /// List partitions with their key range, leader, epoch and LSNs
     List,
+    /// Rebuild a partition's store from a snapshot, then replay its log
+    Restore {
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: u32,
+        /// A retained snapshot of the partition; the newest suitable one when omitted
+        #[arg(long)]
+        snapshot: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -169,6 +180,9 @@ pub enum LogsCommand {
         /// Trim point: every record up to this LSN is removed
         #[arg(short = 't', long = "trim-point")]
         trim_point: u64,
+        /// Trim past the archived LSN, losing records that no snapshot covers
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -189,7 +203,8 @@ mod tests {
             cli.command,
             Command::Snapshots(SnapshotsCommand::Create {
                 partition_id: Some(1),
-                min_lsn: None
+                min_lsn: None,
+                trim_log: false
             })
         ));
         let cli =
@@ -199,7 +214,8 @@ mod tests {
             cli.command,
             Command::Snapshots(SnapshotsCommand::Create {
                 partition_id: None,
-                min_lsn: Some(7)
+                min_lsn: Some(7),
+                trim_log: false
             })
         ));
     }
@@ -212,7 +228,8 @@ mod tests {
             cli.command,
             Command::Logs(LogsCommand::Trim {
                 log_id: 0,
-                trim_point: 1000
+                trim_point: 1000,
+                force: false
             })
         ));
         let cli = Cli::try_parse_from([

@@ -17,12 +17,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Kv(command) => kv(&client, global, command).await,
         Command::Partitions(PartitionsCommand::List) => partitions_list(&client, global).await,
+        Command::Partitions(PartitionsCommand::Restore {
+            partition_id,
+            snapshot,
+        }) => partitions_restore(&client, global, partition_id, snapshot).await,
         Command::Logs(LogsCommand::Describe { log_id }) => {
             logs_describe(&client, global, log_id).await
         }
-        Command::Logs(LogsCommand::Trim { log_id, trim_point }) => {
-            logs_trim(&client, global, log_id, trim_point).await
-        }
+        Command::Logs(LogsCommand::Trim {
+            log_id,
+            trim_point,
+            force,
+        }) => logs_trim(&client, global, log_id, trim_point, force).await,
         Command::Snapshots(command) => snapshots(&client, global, command).await,
     }
 }
@@ -36,20 +42,27 @@ async fn snapshots(
         SnapshotsCommand::Create {
             partition_id: Some(partition_id),
             min_lsn,
+            trim_log,
         } => {
-            let created = client.create_snapshot(partition_id, min_lsn).await?;
+            let created = client
+                .create_snapshot(partition_id, min_lsn, trim_log)
+                .await?;
             print_created(&created);
         }
         SnapshotsCommand::Create {
             partition_id: None,
             min_lsn,
+            trim_log,
         } => {
             let partitions = client.list_partitions().await?.partitions;
             let bar = progress_bar(global, partitions.len() as u64, "partitions");
             let mut failed = Vec::new();
             for p in partitions {
                 bar.set_message(format!("partition {}", p.partition_id));
-                match client.create_snapshot(p.partition_id, min_lsn).await {
+                match client
+                    .create_snapshot(p.partition_id, min_lsn, trim_log)
+                    .await
+                {
                     Ok(created) => bar.suspend(|| print_created(&created)),
                     Err(err) => {
                         bar.suspend(|| eprintln!("partition {}: {err}", p.partition_id));
@@ -126,6 +139,12 @@ fn print_created(created: &cairn_client::v1::CreateSnapshotResponse) {
         println!(
             "Snapshot exists: {} (partition {} at LSN {} already covers the request)",
             created.snapshot_id, created.partition_id, created.lsn
+        );
+    }
+    if let Some(trim_point) = created.log_trim_point {
+        println!(
+            "Log {} trimmed up to LSN {trim_point}",
+            created.partition_id
         );
     }
 }
@@ -339,18 +358,90 @@ async fn logs_trim(
     global: &GlobalOptions,
     log_id: u32,
     trim_point: u64,
+    force: bool,
 ) -> anyhow::Result<ExitCode> {
     if !global.yes {
+        let forced = if force {
+            " With --force, records that no snapshot covers are lost to every restore."
+        } else {
+            ""
+        };
         confirm(&format!(
-            "Trim log {log_id} up to LSN {trim_point}? Records up to it are deleted for good."
+            "Trim log {log_id} up to LSN {trim_point}? Records up to it are deleted for good.{forced}"
         ))?;
     }
-    let response = client.trim_log(log_id, trim_point).await?;
+    let response = client.trim_log(log_id, trim_point, force).await?;
     println!(
         "Log {log_id} trimmed: trim point {}, tail {}",
         response.trim_point, response.tail
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn partitions_restore(
+    client: &Client,
+    global: &GlobalOptions,
+    partition_id: u32,
+    snapshot: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    if !global.yes {
+        let which = snapshot
+            .as_deref()
+            .map_or("its newest suitable snapshot".to_string(), |s| {
+                format!("snapshot {s}")
+            });
+        confirm(&format!(
+            "Replace partition {partition_id}'s store with {which} and replay its log? The partition serves nothing until it is done."
+        ))?;
+    }
+    let mut stream = client.restore_partition(partition_id, snapshot).await?;
+    let bar = progress_bar(global, 0, "bytes");
+    let mut snapshot_shown = String::new();
+    loop {
+        let progress = match stream.message().await {
+            Ok(Some(progress)) => progress,
+            Ok(None) => {
+                bar.abandon();
+                bail!(
+                    "the node ended the restore of partition {partition_id} without saying whether it succeeded; `cairnctl partitions list` shows its state"
+                );
+            }
+            Err(status) => {
+                bar.abandon();
+                return Err(client.stream_error(status).into());
+            }
+        };
+        match progress.phase.as_str() {
+            "download" => {
+                if snapshot_shown != progress.snapshot_id {
+                    snapshot_shown = progress.snapshot_id.clone();
+                    bar.set_message(format!("downloading {}", progress.snapshot_id));
+                }
+                bar.set_length(progress.bytes_total);
+                bar.set_position(progress.bytes_done);
+            }
+            "import" => bar.set_message(format!("importing {}", progress.snapshot_id)),
+            "replay" => bar.set_message(progress.message.clone()),
+            "skipped" => bar.suspend(|| {
+                eprintln!(
+                    "Skipped snapshot {}: {}",
+                    progress.snapshot_id, progress.message
+                )
+            }),
+            _ => {}
+        }
+        if progress.done {
+            bar.finish_and_clear();
+            println!(
+                "Partition {partition_id} restored from snapshot {} (LSN {}, {}); log replayed up to LSN {}",
+                progress.snapshot_id,
+                progress.snapshot_lsn,
+                show_bytes_count(progress.bytes_total),
+                progress.applied_lsn
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
 }
 
 /// Asks on the terminal; without one, refuses and says how to proceed.

@@ -210,10 +210,20 @@ impl Client {
             .map_err(|s| self.rpc(s))
     }
 
-    pub async fn trim_log(&self, log_id: u32, trim_point: u64) -> Result<v1::TrimLogResponse> {
+    /// Trims log `log_id` up to `trim_point`. Refused past the archived LSN unless `force`.
+    pub async fn trim_log(
+        &self,
+        log_id: u32,
+        trim_point: u64,
+        force: bool,
+    ) -> Result<v1::TrimLogResponse> {
         self.admin
             .clone()
-            .trim_log(v1::TrimLogRequest { log_id, trim_point })
+            .trim_log(v1::TrimLogRequest {
+                log_id,
+                trim_point,
+                force,
+            })
             .await
             .map(|r| r.into_inner())
             .map_err(|s| self.rpc(s))
@@ -227,12 +237,14 @@ impl Client {
         &self,
         partition_id: u32,
         min_lsn: Option<u64>,
+        trim_log: bool,
     ) -> Result<v1::CreateSnapshotResponse> {
         self.admin
             .clone()
             .create_snapshot(v1::CreateSnapshotRequest {
                 partition_id,
                 min_lsn,
+                trim_log,
             })
             .await
             .map(|r| r.into_inner())
@@ -283,6 +295,24 @@ impl Client {
             .clone()
             .export_snapshot(v1::ExportSnapshotRequest {
                 snapshot_id: snapshot_id.into(),
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// Restores a partition from a snapshot (the newest suitable, or `snapshot_id`); streams
+    /// progress, ending with a message whose `done` is set.
+    pub async fn restore_partition(
+        &self,
+        partition_id: u32,
+        snapshot_id: Option<String>,
+    ) -> Result<tonic::Streaming<v1::RestorePartitionProgress>> {
+        self.admin
+            .clone()
+            .restore_partition(v1::RestorePartitionRequest {
+                partition_id,
+                snapshot_id,
             })
             .await
             .map(|r| r.into_inner())

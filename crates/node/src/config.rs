@@ -10,6 +10,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -27,6 +28,22 @@ pub struct Config {
     pub log: LogConfig,
     pub partition_store: PartitionStoreConfig,
     pub worker: WorkerConfig,
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP port that serves Prometheus metrics at `/metrics`. Unset: no port.
+    pub bind_address: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 5123))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,18 +68,52 @@ pub struct PartitionStoreConfig {
     pub block_cache_bytes: usize,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct WorkerConfig {
+    /// What a partition with no local store does at start: `none` replays its log from the
+    /// start; `on-init` restores the latest suitable snapshot first, then replays the rest. A
+    /// partition whose log is trimmed past its store restores whatever this says.
+    pub snapshot_restore_policy: RestorePolicy,
+    /// How often each partition's log is trimmed to its archived LSN (what the oldest retained
+    /// snapshot covers), e.g. `"10m"`. Unset: the log is trimmed only on request.
+    #[serde(with = "humantime_opt")]
+    pub trim_log_interval: Option<Duration>,
+    /// How long an archived LSN must have been archived before automatic trimming uses it, so a
+    /// lagging reader of the log has time to catch up, e.g. `"1h"`.
+    #[serde(with = "humantime_req")]
+    pub trim_log_delay: Duration,
     pub snapshots: SnapshotsConfig,
 }
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            snapshot_restore_policy: RestorePolicy::None,
+            trim_log_interval: None,
+            trim_log_delay: Duration::ZERO,
+            snapshots: SnapshotsConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestorePolicy {
+    None,
+    OnInit,
+}
+
+/// The value of `worker.snapshots.destination` that turns snapshots off.
+pub const NO_DESTINATION: &str = "none";
 
 /// Where partition snapshots go and how they get there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct SnapshotsConfig {
     /// `file:///path`, a path, or `s3://bucket/prefix`. Unset: `<base-dir>/pp-snapshots`.
-    /// S3 credentials come from the standard AWS chain (environment, profile, instance metadata).
+    /// `"none"`: no snapshots (nor restores). S3 credentials come from the standard AWS chain
+    /// (environment, profile, instance metadata).
     pub destination: Option<String>,
     /// S3-compatible servers: the endpoint URL, e.g. `http://127.0.0.1:9000`.
     pub endpoint_url: Option<String>,
@@ -75,6 +126,19 @@ pub struct SnapshotsConfig {
     pub multipart_threshold_bytes: u64,
     /// Cap on upload bandwidth for snapshots, in bytes per second. Unset: no cap.
     pub rate_limit_bytes_per_second: Option<u64>,
+    /// Snapshots kept per partition; older ones and the files only they use are deleted.
+    pub num_retained: usize,
+    /// Objects in the repository that no snapshot references (left by a crash mid-publish) are
+    /// deleted once they are this old, e.g. `"1h"`.
+    #[serde(with = "humantime_req")]
+    pub orphan_grace_period: Duration,
+    /// Snapshot every partition this often, e.g. `"30m"`. Unset: only on request.
+    #[serde(with = "humantime_opt")]
+    pub snapshot_interval: Option<Duration>,
+    /// Snapshot a partition once this many records were applied since its last snapshot.
+    pub snapshot_interval_num_records: Option<u64>,
+    /// Automatic snapshots that may run at once on this node.
+    pub max_concurrent_snapshots: usize,
 }
 
 impl Default for SnapshotsConfig {
@@ -87,6 +151,11 @@ impl Default for SnapshotsConfig {
             upload_concurrency: 8,
             multipart_threshold_bytes: 64 * 1024 * 1024,
             rate_limit_bytes_per_second: None,
+            num_retained: 5,
+            orphan_grace_period: Duration::from_secs(3600),
+            snapshot_interval: None,
+            snapshot_interval_num_records: None,
+            max_concurrent_snapshots: 2,
         }
     }
 }
@@ -102,6 +171,7 @@ impl Default for Config {
             log: LogConfig::default(),
             partition_store: PartitionStoreConfig::default(),
             worker: WorkerConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -162,6 +232,8 @@ impl Config {
             figment = figment.merge(Toml::file_exact(file));
         }
         let env = env
+            // A crash-test hook read by the worker, not a setting.
+            .ignore(&["pause_at"])
             .split("__")
             .map(|key| key.as_str().replace('_', "-").into());
         let config: Config = figment
@@ -219,11 +291,51 @@ impl Config {
         if let Some(destination) = &snapshots.destination
             && !(destination.starts_with("file://")
                 || destination.starts_with("s3://")
-                || destination.starts_with('/'))
+                || destination.starts_with('/')
+                || destination == NO_DESTINATION)
         {
             return Err(ConfigError(format!(
-                "worker.snapshots.destination {destination:?} is not supported: use file:///path, an absolute path, or s3://bucket/prefix"
+                "worker.snapshots.destination {destination:?} is not supported: use file:///path, an absolute path, s3://bucket/prefix, or \"none\" for no snapshots"
             )));
+        }
+        if snapshots.num_retained == 0 {
+            return Err(ConfigError(
+                "worker.snapshots.num-retained is 0: keep at least 1 snapshot per partition".into(),
+            ));
+        }
+        if snapshots.max_concurrent_snapshots == 0 {
+            return Err(ConfigError(
+                "worker.snapshots.max-concurrent-snapshots is 0: allow at least 1".into(),
+            ));
+        }
+        if snapshots.snapshot_interval == Some(Duration::ZERO)
+            || snapshots.snapshot_interval_num_records == Some(0)
+            || self.worker.trim_log_interval == Some(Duration::ZERO)
+        {
+            return Err(ConfigError(
+                "worker.snapshots.snapshot-interval, worker.snapshots.snapshot-interval-num-records and worker.trim-log-interval must be positive; leave them unset to turn them off".into(),
+            ));
+        }
+        if !self.snapshots_enabled() {
+            let automatic = [
+                (
+                    "worker.snapshots.snapshot-interval",
+                    snapshots.snapshot_interval.is_some(),
+                ),
+                (
+                    "worker.snapshots.snapshot-interval-num-records",
+                    snapshots.snapshot_interval_num_records.is_some(),
+                ),
+                (
+                    "worker.trim-log-interval",
+                    self.worker.trim_log_interval.is_some(),
+                ),
+            ];
+            if let Some((key, _)) = automatic.iter().find(|(_, set)| *set) {
+                return Err(ConfigError(format!(
+                    "{key} is set but there is no snapshot repository (worker.snapshots.destination = \"none\"): set a destination, or remove {key}"
+                )));
+            }
         }
         if self.log.segment_bytes < 1024 * 1024 {
             return Err(ConfigError(format!(
@@ -232,6 +344,56 @@ impl Config {
             )));
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// Whether the node has a snapshot repository.
+    pub fn snapshots_enabled(&self) -> bool {
+        self.worker.snapshots.destination.as_deref() != Some(NO_DESTINATION)
+    }
+}
+
+/// Durations written as `"90s"`, `"10m"`, `"1h 30m"`.
+mod humantime_req {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*value).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        parse(&String::deserialize(d)?)
+    }
+
+    pub fn parse<E: serde::de::Error>(text: &str) -> Result<Duration, E> {
+        humantime::parse_duration(text).map_err(|e| {
+            E::custom(format!(
+                "{text:?} is not a duration ({e}); write it like \"90s\", \"10m\" or \"1h\""
+            ))
+        })
+    }
+}
+
+/// Like [`humantime_req`], for settings that may be unset.
+mod humantime_opt {
+    use serde::{Deserializer, Serializer};
+
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => super::humantime_req::serialize(value, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        use serde::Deserialize;
+        Option::<String>::deserialize(d)?
+            .map(|text| super::humantime_req::parse::<D::Error>(&text))
+            .transpose()
     }
 }
 
@@ -301,6 +463,49 @@ mod tests {
             };
             let config = Config::load(Some(Path::new("cairn.toml")), &overrides).unwrap();
             assert_eq!(config.node_name, "c");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn durations_and_the_restore_policy_parse() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "cairn.toml",
+                "[worker]\nsnapshot-restore-policy = \"on-init\"\ntrim-log-interval = \"10m\"\n[worker.snapshots]\nsnapshot-interval = \"1h 30m\"\n",
+            )?;
+            let config = load(Some("cairn.toml")).unwrap();
+            assert_eq!(config.worker.snapshot_restore_policy, RestorePolicy::OnInit);
+            assert_eq!(
+                config.worker.trim_log_interval,
+                Some(Duration::from_secs(600))
+            );
+            assert_eq!(
+                config.worker.snapshots.snapshot_interval,
+                Some(Duration::from_secs(5400))
+            );
+            jail.set_env("CAIRN_WORKER__TRIM_LOG_DELAY", "soon");
+            let err = load(Some("cairn.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("trim-log-delay") && err.contains("soon"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn automatic_snapshots_need_a_repository() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "cairn.toml",
+                "[worker.snapshots]\ndestination = \"none\"\nsnapshot-interval-num-records = 1000\n",
+            )?;
+            let err = load(Some("cairn.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("snapshot-interval-num-records") && err.contains("destination"),
+                "{err}"
+            );
             Ok(())
         });
     }

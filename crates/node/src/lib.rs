@@ -4,10 +4,15 @@
 //! Architecture invariant: this crate wires the parts together and translates between the wire
 //! protocol and the worker; it holds no storage logic of its own.
 
+mod background;
 pub mod config;
+mod metrics;
 mod node;
+mod partitions;
 mod service;
+pub mod tools;
 mod validate;
 
+pub use cairn_types::PartitionId;
 pub use config::{Config, ConfigError, Overrides};
 pub use node::{RunningNode, start};

@@ -1,6 +1,8 @@
 //! Start-up and shut-down of a node.
 
 use crate::config::{Config, LogProviderKind};
+use crate::metrics::{self, Metrics};
+use crate::partitions::{Partitions, PartitionsConfig};
 use crate::service::{AdminService, KeyValueService};
 use anyhow::{Context, bail};
 use cairn_api::MESSAGE_BYTES_MAX;
@@ -9,48 +11,46 @@ use cairn_api::v1::key_value_server::KeyValueServer;
 use cairn_log::LogProvider;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
-use cairn_metadata::{
-    ClusterRecord, MetadataStore, PartitionPlacement, PartitionTable, Precondition, get_typed,
-    put_typed,
-};
+use cairn_metadata::{ClusterRecord, MetadataStore, Precondition, get_typed, put_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
-use cairn_snapshots::{RepositoryOptions, SnapshotRepository};
-use cairn_types::Lsn;
-use cairn_types::{KeyRange, LogId, NodeId, PartitionId};
-use cairn_worker::{Clock, Partition, SnapshotProducer, SystemClock};
+use cairn_snapshots::{ProgressFn, RepositoryOptions, SnapshotRepository};
+use cairn_types::{Lsn, NodeId, PartitionId};
+use cairn_worker::{Clock, CreatedSnapshot, Partition, Restorer, SnapshotProducer, SystemClock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
 /// What the services need to know about the node.
 pub(crate) struct NodeState {
     pub cluster: ClusterRecord,
     pub node: NodeId,
-    pub partitions: Vec<Arc<Partition>>,
-    pub table_version: AtomicU64,
-    pub snapshots: SnapshotProducer,
-    /// Per partition, what the repository's `latest.json` last said it covers.
-    pub archived_lsn: Mutex<HashMap<PartitionId, Lsn>>,
+    pub partitions: Partitions,
+    /// `None` when the node has no snapshot repository.
+    pub snapshots: Option<SnapshotProducer>,
+    /// Per partition, what the repository's `latest.json` last said it covers, and since when.
+    pub archived_lsn: Mutex<HashMap<PartitionId, (Lsn, Instant)>>,
     /// Scratch space for files served to clients (snapshot tars).
     pub tmp_dir: PathBuf,
+    pub metrics: Arc<Metrics>,
+    pub config: Config,
 }
 
 impl NodeState {
-    pub fn partition(&self, id: PartitionId) -> Option<&Arc<Partition>> {
-        self.partitions.get(usize::from(id.0))
-    }
-
     pub fn num_partitions(&self) -> u16 {
         self.cluster.num_partitions
     }
 
     pub fn archived_lsn(&self, id: PartitionId) -> Option<Lsn> {
+        self.archived_since(id).map(|(lsn, _)| lsn)
+    }
+
+    /// The archived LSN and when this node first saw it.
+    pub fn archived_since(&self, id: PartitionId) -> Option<(Lsn, Instant)> {
         self.archived_lsn
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -59,16 +59,64 @@ impl NodeState {
     }
 
     pub fn set_archived_lsn(&self, id: PartitionId, lsn: Lsn) {
-        self.archived_lsn
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, lsn);
+        let mut archived = self.archived_lsn.lock().unwrap_or_else(|p| p.into_inner());
+        match archived.get(&id) {
+            Some((known, _)) if *known == lsn => {}
+            _ => {
+                archived.insert(id, (lsn, Instant::now()));
+            }
+        }
+    }
+
+    /// Snapshots `partition` (unless a snapshot already covers `min_lsn`), counting it in the
+    /// metrics and refreshing the archived LSN.
+    pub async fn create_snapshot(
+        &self,
+        partition: &Partition,
+        min_lsn: Option<Lsn>,
+        on_progress: Option<ProgressFn>,
+    ) -> cairn_worker::Result<CreatedSnapshot> {
+        let id = partition.id();
+        let snapshots = self
+            .snapshots
+            .as_ref()
+            .ok_or_else(|| cairn_worker::Error::Snapshot {
+                partition: id,
+                context: "create snapshot",
+                message:
+                    "this node has no snapshot repository (worker.snapshots.destination = \"none\")"
+                        .into(),
+            })?;
+        let started = Instant::now();
+        let result = snapshots.create(partition, min_lsn, on_progress).await;
+        match &result {
+            Ok(created) if created.created => {
+                self.metrics
+                    .record_publish(id, created.uploaded_bytes, started.elapsed());
+            }
+            Ok(_) => {}
+            Err(_) => self.metrics.record_failure(id, "create"),
+        }
+        self.refresh_archived_lsn(id).await;
+        result
     }
 
     /// Re-reads what the repository covers for `id`.
     pub async fn refresh_archived_lsn(&self, id: PartitionId) {
-        match self.snapshots.repository().latest(id).await {
-            Ok(Some(latest)) => self.set_archived_lsn(id, latest.archived_lsn),
+        let Some(snapshots) = &self.snapshots else {
+            return;
+        };
+        match snapshots.repository().latest(id).await {
+            Ok(Some(latest)) => {
+                self.set_archived_lsn(id, latest.archived_lsn);
+                if let Ok(metadata) = snapshots
+                    .repository()
+                    .metadata(id, latest.snapshot_id)
+                    .await
+                {
+                    self.metrics.set_newest_snapshot(id, metadata.created_at);
+                }
+            }
             Ok(None) => {}
             Err(err) => tracing::warn!(partition = %id, "read latest snapshot: {err}"),
         }
@@ -78,16 +126,23 @@ impl NodeState {
 /// A node that is serving.
 pub struct RunningNode {
     local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     base_dir: PathBuf,
     state: Arc<NodeState>,
     cancel: CancellationToken,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    background: Vec<JoinHandle<()>>,
     _lock: std::fs::File,
 }
 
 impl RunningNode {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Address of the Prometheus metrics port, if it is enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     pub fn base_dir(&self) -> &std::path::Path {
@@ -109,9 +164,10 @@ impl RunningNode {
     pub async fn shutdown(self) -> anyhow::Result<()> {
         self.cancel.cancel();
         let served = self.server.await;
-        for partition in &self.state.partitions {
-            partition.shutdown().await;
+        for task in self.background {
+            let _ = task.await;
         }
+        self.state.partitions.shutdown().await;
         served
             .context("join the gRPC server")?
             .context("serve gRPC")?;
@@ -173,56 +229,72 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .context("open the partition store")?,
     );
 
-    let repository = Arc::new(open_repository(&config, &base_dir)?);
-    let snapshots = SnapshotProducer::new(
-        repository.clone(),
-        base_dir.join("db-snapshots"),
-        cluster.cluster_name.clone(),
-        node.0.clone(),
-    );
-    snapshots
-        .remove_leftover_exports()
-        .context("remove leftover snapshot exports")?;
+    let metrics_listener = match config.metrics.bind_address {
+        Some(address) => Some(metrics::bind(address).await?),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .and_then(|listener| listener.local_addr().ok());
+    let metrics = Arc::new(Metrics::new());
+
+    let repository = match config.snapshots_enabled() {
+        true => Some(Arc::new(open_repository(&config, &base_dir)?)),
+        false => {
+            info!("no snapshot repository (worker.snapshots.destination = \"none\")");
+            None
+        }
+    };
+    let snapshots = repository.as_ref().map(|repository| {
+        SnapshotProducer::new(
+            repository.clone(),
+            base_dir.join("db-snapshots"),
+            cluster.cluster_name.clone(),
+            node.0.clone(),
+        )
+        .with_retention(
+            config.worker.snapshots.num_retained,
+            config.worker.snapshots.orphan_grace_period,
+        )
+    });
+    let _ = std::fs::remove_dir_all(base_dir.join("db-snapshots"));
+    let restorer = repository.as_ref().map(|repository| {
+        Restorer::new(
+            repository.clone(),
+            base_dir.join("restore-staging"),
+            cluster.cluster_name.clone(),
+            cluster.num_partitions,
+        )
+    });
     let tmp_dir = base_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&tmp_dir);
     std::fs::create_dir_all(&tmp_dir).with_context(|| format!("create {}", tmp_dir.display()))?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut partitions = Vec::with_capacity(usize::from(cluster.num_partitions));
-    for p in 0..cluster.num_partitions {
-        let id = PartitionId(p);
-        let store = stores.open_or_create_partition(id)?;
-        let log = logs.open(LogId::from(id)).await?;
-        let range = KeyRange::of_partition(id, cluster.num_partitions);
-        partitions.push(Partition::start(
-            range,
-            node.clone(),
-            store,
-            log,
-            clock.clone(),
-        )?);
-    }
-
-    let (table_version, table) = take_leadership(metadata.as_ref(), &node, &partitions).await?;
-    let results = futures::future::join_all(partitions.iter().map(|partition| {
-        let epoch = table.partitions[&partition.id()].epoch;
-        async move { (partition.id(), partition.become_leader(epoch).await) }
-    }))
-    .await;
-    for (id, result) in results {
-        if let Err(err) = result {
-            error!(partition = %id, "partition is not serving: {err}");
-        }
-    }
+    let partitions = Partitions::start(
+        PartitionsConfig {
+            node: node.clone(),
+            num_partitions: cluster.num_partitions,
+            stores,
+            metadata: metadata.clone(),
+            restorer,
+            clock,
+            policy: config.worker.snapshot_restore_policy,
+            metrics: metrics.clone(),
+        },
+        logs.as_ref(),
+    )
+    .await?;
 
     let state = Arc::new(NodeState {
         cluster: cluster.clone(),
         node: node.clone(),
         partitions,
-        table_version: AtomicU64::new(table_version),
         snapshots,
         archived_lsn: Mutex::new(HashMap::new()),
         tmp_dir,
+        metrics,
+        config: config.clone(),
     });
     for p in 0..cluster.num_partitions {
         state.refresh_archived_lsn(PartitionId(p)).await;
@@ -244,6 +316,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             cancel.clone().cancelled_owned(),
         );
     let server = tokio::spawn(server);
+    let mut background = Vec::new();
+    if let Some(listener) = metrics_listener {
+        background.push(tokio::spawn(metrics::serve(
+            listener,
+            state.clone(),
+            cancel.clone(),
+        )));
+    }
+    background.extend(crate::background::spawn(state.clone(), cancel.clone()));
     info!(
         cluster = %cluster.cluster_name,
         node = %node,
@@ -253,10 +334,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     );
     Ok(RunningNode {
         local_addr,
+        metrics_addr,
         base_dir,
         state,
         cancel,
         server,
+        background,
         _lock: lock,
     })
 }
@@ -287,7 +370,7 @@ fn open_repository(
 }
 
 /// One process per base dir: a second node on the same data would corrupt it.
-fn lock_base_dir(base_dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+pub(crate) fn lock_base_dir(base_dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let path = base_dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -348,39 +431,4 @@ async fn ensure_cluster(
         "created a new cluster"
     );
     Ok(record)
-}
-
-/// Records this node as leader of every partition at an epoch newer than any the table or the
-/// stores have seen, so that records of any earlier incarnation are fenced.
-async fn take_leadership(
-    metadata: &dyn MetadataStore,
-    node: &NodeId,
-    partitions: &[Arc<Partition>],
-) -> anyhow::Result<(u64, PartitionTable)> {
-    let (version, mut table) = match get_typed::<PartitionTable>(
-        metadata,
-        PartitionTable::KEY,
-        "partition table",
-    )
-    .await?
-    {
-        Some((version, table)) => (Some(version), table),
-        None => (None, PartitionTable::default()),
-    };
-    for partition in partitions {
-        let status = partition.status().await;
-        let seen = status.leader.map(|l| l.epoch).unwrap_or_default();
-        let placement = table
-            .partitions
-            .entry(partition.id())
-            .or_insert(PartitionPlacement {
-                leader: None,
-                epoch: Default::default(),
-            });
-        placement.epoch = cairn_types::Epoch(placement.epoch.max(seen).0 + 1);
-        placement.leader = Some(node.clone());
-    }
-    let precondition = version.map_or(Precondition::DoesNotExist, Precondition::MatchesVersion);
-    let version = put_typed(metadata, PartitionTable::KEY, &table, precondition).await?;
-    Ok((version, table))
 }

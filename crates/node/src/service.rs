@@ -1,6 +1,7 @@
 //! The gRPC services: translate requests into partition calls and worker errors into statuses.
 
 use crate::node::NodeState;
+use crate::partitions::Slot;
 use crate::validate;
 use bytes::Bytes;
 use cairn_api::v1;
@@ -8,7 +9,7 @@ use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
 use cairn_types::record::PutEntry;
 use cairn_types::{Lsn, PartitionId, partition_key};
-use cairn_worker::Partition;
+use cairn_worker::{Partition, RestoreStep, SnapshotProducer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,6 +22,7 @@ fn status_of(err: cairn_worker::Error) -> Status {
         // The record was skipped, so nothing happened: the caller may retry.
         E::Fenced { .. } => Status::aborted(err.to_string()),
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
+        E::Restore { .. } => Status::failed_precondition(err.to_string()),
         E::Storage { .. } | E::Snapshot { .. } => Status::internal(err.to_string()),
     }
 }
@@ -72,10 +74,13 @@ impl KeyValueService {
         KeyValueService { state }
     }
 
-    fn partition(&self, id: PartitionId) -> Result<&Arc<Partition>, Status> {
+    fn partition(&self, id: PartitionId) -> Result<Arc<Partition>, Status> {
         self.state
-            .partition(id)
-            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))
+            .partitions
+            .slot(id)
+            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))?
+            .running()
+            .map_err(status_of)
     }
 
     /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
@@ -89,7 +94,7 @@ impl KeyValueService {
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
         let mut calls = Vec::with_capacity(groups.len());
         for (pid, indices) in groups {
-            let partition = self.partition(pid)?.clone();
+            let partition = self.partition(pid)?;
             let call = per_partition(partition, indices.clone());
             calls.push(async move { (indices, call.await) });
         }
@@ -227,19 +232,32 @@ impl AdminService {
         AdminService { state }
     }
 
-    fn partition(&self, partition_id: u32) -> Result<&Arc<Partition>, Status> {
+    fn slot(&self, partition_id: u32) -> Result<&Slot, Status> {
         self.numbered(partition_id, "partition", "partitions")
     }
 
+    /// The running partition, or why it is not running.
+    fn partition(&self, partition_id: u32) -> Result<Arc<Partition>, Status> {
+        self.slot(partition_id)?.running().map_err(status_of)
+    }
+
     /// Every log belongs to the partition with the same number.
-    fn log_partition(&self, log_id: u32) -> Result<&Arc<Partition>, Status> {
+    fn log_slot(&self, log_id: u32) -> Result<&Slot, Status> {
         self.numbered(log_id, "log", "logs")
     }
 
-    fn numbered(&self, id: u32, noun: &str, nouns: &str) -> Result<&Arc<Partition>, Status> {
+    fn snapshots(&self) -> Result<&SnapshotProducer, Status> {
+        self.state.snapshots.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this node has no snapshot repository (worker.snapshots.destination = \"none\"); set worker.snapshots.destination and restart it",
+            )
+        })
+    }
+
+    fn numbered(&self, id: u32, noun: &str, nouns: &str) -> Result<&Slot, Status> {
         u16::try_from(id)
             .ok()
-            .and_then(|id| self.state.partition(PartitionId(id)))
+            .and_then(|id| self.state.partitions.slot(PartitionId(id)))
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "{noun} {id} does not exist; this cluster has {nouns} 0 to {}",
@@ -259,7 +277,7 @@ impl v1::admin_server::Admin for AdminService {
             cluster_name: self.state.cluster.cluster_name.clone(),
             node_name: self.state.node.0.clone(),
             num_partitions: u32::from(self.state.num_partitions()),
-            partition_table_version: self.state.table_version.load(Ordering::Relaxed),
+            partition_table_version: self.state.partitions.table_version.load(Ordering::Relaxed),
         }))
     }
 
@@ -267,8 +285,15 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         _request: Request<v1::ListPartitionsRequest>,
     ) -> Result<Response<v1::ListPartitionsResponse>, Status> {
-        let statuses =
-            futures::future::join_all(self.state.partitions.iter().map(|p| p.status())).await;
+        let stores = self.state.partitions.stores();
+        let statuses = futures::future::join_all(
+            self.state
+                .partitions
+                .slots()
+                .iter()
+                .map(|slot| slot.status(stores)),
+        )
+        .await;
         let partitions = statuses
             .into_iter()
             .map(|s| v1::PartitionInfo {
@@ -290,7 +315,7 @@ impl v1::admin_server::Admin for AdminService {
             .collect();
         Ok(Response::new(v1::ListPartitionsResponse {
             partitions,
-            partition_table_version: self.state.table_version.load(Ordering::Relaxed),
+            partition_table_version: self.state.partitions.table_version.load(Ordering::Relaxed),
         }))
     }
 
@@ -298,19 +323,19 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::DescribeLogsRequest>,
     ) -> Result<Response<v1::DescribeLogsResponse>, Status> {
-        let partitions: Vec<&Arc<Partition>> = match request.into_inner().log_id {
-            Some(id) => vec![self.log_partition(id)?],
-            None => self.state.partitions.iter().collect(),
+        let slots: Vec<&Slot> = match request.into_inner().log_id {
+            Some(id) => vec![self.log_slot(id)?],
+            None => self.state.partitions.slots().iter().collect(),
         };
-        let mut logs = Vec::with_capacity(partitions.len());
-        for partition in partitions {
-            let state = partition
+        let mut logs = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let state = slot
                 .log()
                 .state()
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?;
             logs.push(v1::LogInfo {
-                log_id: u32::from(partition.id().0),
+                log_id: u32::from(slot.id().0),
                 trim_point: state.trim_point.0,
                 tail: state.tail.0,
             });
@@ -323,17 +348,35 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::TrimLogRequest>,
     ) -> Result<Response<v1::TrimLogResponse>, Status> {
         let request = request.into_inner();
-        let partition = self.log_partition(request.log_id)?;
-        partition
-            .trim_log(Lsn(request.trim_point))
-            .await
-            .map_err(status_of)?;
+        let slot = self.log_slot(request.log_id)?;
+        let partition = slot.running().map_err(status_of)?;
+        let requested = Lsn(request.trim_point);
+        if !request.force {
+            self.state.refresh_archived_lsn(slot.id()).await;
+            let archived = self.state.archived_lsn(slot.id());
+            if archived.is_none_or(|archived| requested > archived) {
+                let covered = match archived {
+                    Some(archived) => format!(
+                        "snapshots cover log {} only up to LSN {archived} (the archived LSN)",
+                        slot.id()
+                    ),
+                    None => format!("no snapshot covers log {}", slot.id()),
+                };
+                let first_lost = archived.unwrap_or(Lsn::ZERO).next();
+                return Err(Status::failed_precondition(format!(
+                    "refusing to trim log {} to LSN {requested}: {covered}, so records {first_lost}..={requested} would be lost to any restore from a snapshot. Snapshot the partition first (`cairnctl snapshots create -p {} --trim-log`), or pass --force to trim anyway",
+                    slot.id(),
+                    slot.id()
+                )));
+            }
+        }
+        partition.trim_log(requested).await.map_err(status_of)?;
         let state = partition
             .log()
             .state()
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
-        tracing::info!(log = request.log_id, trim_point = %state.trim_point, "log trimmed");
+        tracing::info!(log = request.log_id, trim_point = %state.trim_point, forced = request.force, "log trimmed");
         Ok(Response::new(v1::TrimLogResponse {
             trim_point: state.trim_point.0,
             tail: state.tail.0,
@@ -365,14 +408,26 @@ impl v1::admin_server::Admin for AdminService {
                 partition.id()
             )));
         }
+        self.snapshots()?;
         let created = self
             .state
-            .snapshots
-            .create(partition, request.min_lsn.map(Lsn), None)
+            .create_snapshot(&partition, request.min_lsn.map(Lsn), None)
             .await
             .map_err(status_of)?;
-        self.state.refresh_archived_lsn(partition.id()).await;
+        let log_trim_point = if request.trim_log {
+            partition.trim_log(created.lsn).await.map_err(status_of)?;
+            let log = partition
+                .log()
+                .state()
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+            tracing::info!(partition = %partition.id(), trim_point = %log.trim_point, "log trimmed to the snapshot");
+            Some(log.trim_point.0)
+        } else {
+            None
+        };
         Ok(Response::new(v1::CreateSnapshotResponse {
+            log_trim_point,
             snapshot_id: created.snapshot_id.to_string(),
             partition_id: u32::from(created.partition_id.0),
             lsn: created.lsn.0,
@@ -389,10 +444,10 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::ListSnapshotsRequest>,
     ) -> Result<Response<v1::ListSnapshotsResponse>, Status> {
         let partition = match request.into_inner().partition_id {
-            Some(id) => Some(self.partition(id)?.id()),
+            Some(id) => Some(self.slot(id)?.id()),
             None => None,
         };
-        let repository = self.state.snapshots.repository();
+        let repository = self.snapshots()?.repository();
         let snapshots = repository
             .list(partition)
             .await
@@ -421,8 +476,7 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::DescribeSnapshotResponse>, Status> {
         let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
         let (_, metadata) = self
-            .state
-            .snapshots
+            .snapshots()?
             .repository()
             .find(id)
             .await
@@ -438,8 +492,7 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::VerifySnapshotResponse>, Status> {
         let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
         let report = self
-            .state
-            .snapshots
+            .snapshots()?
             .repository()
             .verify(id)
             .await
@@ -448,6 +501,57 @@ impl v1::admin_server::Admin for AdminService {
             files: report.files as u32,
             bytes: report.bytes,
         }))
+    }
+
+    type RestorePartitionStream = tokio_stream::wrappers::UnboundedReceiverStream<
+        Result<v1::RestorePartitionProgress, Status>,
+    >;
+
+    async fn restore_partition(
+        &self,
+        request: Request<v1::RestorePartitionRequest>,
+    ) -> Result<Response<Self::RestorePartitionStream>, Status> {
+        let request = request.into_inner();
+        let id = self.slot(request.partition_id)?.id();
+        self.snapshots()?;
+        let pinned = request
+            .snapshot_id
+            .as_deref()
+            .map(parse_snapshot_id)
+            .transpose()?;
+        tracing::info!(partition = %id, snapshot_id = ?pinned, "Restore partition command received");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let progress_tx = tx.clone();
+        let on_progress: cairn_worker::RestoreProgressFn = Arc::new(move |step| {
+            let _ = progress_tx.send(Ok(restore_progress(step)));
+        });
+        let state = self.state.clone();
+        // The restore goes on if the client goes away: stopping halfway would leave the partition
+        // down for no reason.
+        tokio::spawn(async move {
+            let result = state
+                .partitions
+                .restore(id, pinned, Some(on_progress))
+                .await;
+            state.refresh_archived_lsn(id).await;
+            let message = match result {
+                Ok((restored, applied)) => Ok(v1::RestorePartitionProgress {
+                    phase: "done".into(),
+                    snapshot_id: restored.snapshot_id.to_string(),
+                    bytes_done: restored.bytes,
+                    bytes_total: restored.bytes,
+                    snapshot_lsn: restored.min_applied_lsn.0,
+                    applied_lsn: applied.0,
+                    done: true,
+                    ..Default::default()
+                }),
+                Err(err) => Err(status_of(err)),
+            };
+            let _ = tx.send(message);
+        });
+        Ok(Response::new(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        ))
     }
 
     type ExportSnapshotStream =
@@ -459,8 +563,7 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<Self::ExportSnapshotStream>, Status> {
         let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
         let tar = self.state.tmp_dir.join(format!("{id}.tar"));
-        self.state
-            .snapshots
+        self.snapshots()?
             .repository()
             .export_tar(id, &tar)
             .await
@@ -471,6 +574,39 @@ impl v1::admin_server::Admin for AdminService {
             rx,
         )))
     }
+}
+
+fn restore_progress(step: RestoreStep) -> v1::RestorePartitionProgress {
+    let mut progress = v1::RestorePartitionProgress::default();
+    match step {
+        RestoreStep::Downloading {
+            snapshot_id,
+            bytes,
+            total,
+        } => {
+            progress.phase = "download".into();
+            progress.snapshot_id = snapshot_id.to_string();
+            progress.bytes_done = bytes;
+            progress.bytes_total = total;
+        }
+        RestoreStep::Importing { snapshot_id } => {
+            progress.phase = "import".into();
+            progress.snapshot_id = snapshot_id.to_string();
+        }
+        RestoreStep::Replaying { from, to } => {
+            progress.phase = "replay".into();
+            progress.message = format!("replaying the log from LSN {from} to {to}");
+        }
+        RestoreStep::Skipped {
+            snapshot_id,
+            reason,
+        } => {
+            progress.phase = "skipped".into();
+            progress.snapshot_id = snapshot_id.to_string();
+            progress.message = reason;
+        }
+    }
+    progress
 }
 
 /// Sends `path` in chunks and removes it afterwards.

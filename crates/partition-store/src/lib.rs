@@ -43,6 +43,8 @@ pub enum Error {
         #[source]
         source: rust_rocksdb::Error,
     },
+    #[error("partition {0} already has a column family in this store; drop it before importing")]
+    AlreadyExists(cairn_types::PartitionId),
     #[error("partition {0} has no column family in this store")]
     UnknownPartition(cairn_types::PartitionId),
     #[error("partition store: corrupt {what} in partition {partition}: {detail}")]

@@ -11,11 +11,14 @@
 mod clock;
 mod partition;
 mod processor;
+mod restore;
 mod snapshot;
+pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{Partition, PartitionStatus};
 pub use processor::Outcome;
+pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer};
 pub use snapshot::{CreatedSnapshot, SnapshotProducer};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
@@ -51,6 +54,12 @@ pub enum Error {
     Snapshot {
         partition: PartitionId,
         context: &'static str,
+        message: String,
+    },
+    /// Restoring from the snapshot repository failed; the message says what was tried.
+    #[error("partition {partition}: cannot restore from a snapshot: {message}")]
+    Restore {
+        partition: PartitionId,
         message: String,
     },
     #[error("partition {partition}: cannot trim the log to {requested}: {reason}")]

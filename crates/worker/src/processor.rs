@@ -120,6 +120,7 @@ impl Processor {
                 })?;
                 self.apply(entry.lsn, envelope)?;
             }
+            crate::testing::pause_point("replay").await;
         }
     }
 

@@ -18,14 +18,14 @@
 use crate::{Error, Partition, Result};
 use cairn_partition_store::ColumnFamilyExport;
 use cairn_snapshots::{
-    MetadataVersion, ProgressFn, PublishOptions, SnapshotFile, SnapshotId, SnapshotMetadata,
-    SnapshotRepository,
+    DEFAULT_ORPHAN_GRACE, GcReport, MetadataVersion, ProgressFn, PublishOptions, SnapshotFile,
+    SnapshotId, SnapshotMetadata, SnapshotRepository,
 };
 use cairn_types::{LogId, Lsn, PartitionId};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 /// What `CreateSnapshot` answers.
@@ -50,6 +50,10 @@ pub struct SnapshotProducer {
     node_name: String,
     /// One snapshot at a time per partition.
     in_progress: Mutex<HashMap<PartitionId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Snapshots kept per partition; `None` keeps all.
+    num_retained: Option<usize>,
+    /// Age after which unreferenced objects in the repository are deleted.
+    orphan_grace: Option<Duration>,
 }
 
 impl SnapshotProducer {
@@ -65,7 +69,17 @@ impl SnapshotProducer {
             cluster_name,
             node_name,
             in_progress: Mutex::new(HashMap::new()),
+            num_retained: None,
+            orphan_grace: None,
         }
+    }
+
+    /// Keeps the newest `num_retained` snapshots of each partition; older ones, the files only
+    /// they use, and orphans older than `orphan_grace` are deleted after each publish.
+    pub fn with_retention(mut self, num_retained: usize, orphan_grace: Duration) -> Self {
+        self.num_retained = Some(num_retained);
+        self.orphan_grace = Some(orphan_grace);
+        self
     }
 
     pub fn repository(&self) -> &Arc<SnapshotRepository> {
@@ -187,6 +201,8 @@ impl SnapshotProducer {
         );
         let options = PublishOptions {
             on_progress,
+            num_retained: self.num_retained,
+            orphan_grace: self.orphan_grace,
             ..PublishOptions::default()
         };
         let report = self
@@ -206,6 +222,7 @@ impl SnapshotProducer {
             duration_ms = report.duration.as_millis() as u64,
             "Partition snapshot published"
         );
+        self.collect_garbage(id, report.gc.clone()).await;
         Ok(CreatedSnapshot {
             snapshot_id,
             partition_id: id,
@@ -216,6 +233,37 @@ impl SnapshotProducer {
             uploaded_files: report.uploaded_files,
             uploaded_bytes: report.uploaded_bytes,
         })
+    }
+
+    /// Logs what the publish's garbage collection did; when the publish evicted nothing, sweeps
+    /// the partition's orphans (objects left by crashed publishes) past the grace period instead.
+    async fn collect_garbage(
+        &self,
+        partition: PartitionId,
+        gc: Option<std::result::Result<GcReport, Arc<cairn_snapshots::Error>>>,
+    ) {
+        let gc = match gc {
+            Some(gc) => gc,
+            None => self
+                .repository
+                .sweep_orphans(partition, self.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE))
+                .await
+                .map_err(Arc::new),
+        };
+        match gc {
+            Ok(report) if report.deleted_objects > 0 => info!(
+                %partition,
+                deleted_snapshots = ?report.deleted_snapshots.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                deleted_objects = report.deleted_objects,
+                deleted_bytes = report.deleted_bytes,
+                kept_young_objects = report.kept_young_objects,
+                "deleted snapshots out of retention and unreferenced files"
+            ),
+            Ok(_) => {}
+            Err(err) => {
+                warn!(%partition, "snapshot garbage collection failed (retried after the next snapshot): {err}")
+            }
+        }
     }
 
     /// The latest snapshot of `partition` if it covers `lsn`.

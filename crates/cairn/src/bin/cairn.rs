@@ -1,5 +1,5 @@
 //! `cairn`, the server. With no flags and no config file it runs a complete single-node store
-//! under `./cairn-data`.
+//! under `./cairn-data`. Its subcommands are offline tools that work on a stopped node's data.
 
 use anyhow::Context;
 use clap::Parser;
@@ -14,17 +14,33 @@ use std::path::PathBuf;
 )]
 struct Args {
     /// TOML configuration file
-    #[arg(short, long)]
+    #[arg(short, long, global = true)]
     config: Option<PathBuf>,
     /// Overrides `base-dir`
-    #[arg(long)]
+    #[arg(long, global = true)]
     base_dir: Option<PathBuf>,
     /// Overrides `node-name`
-    #[arg(long)]
+    #[arg(long, global = true)]
     node_name: Option<String>,
     /// Overrides `bind-address`
-    #[arg(long)]
+    #[arg(long, global = true)]
     bind_address: Option<SocketAddr>,
+    #[command(subcommand)]
+    tool: Option<Tool>,
+}
+
+/// Offline tools: the node must be stopped.
+#[derive(clap::Subcommand)]
+enum Tool {
+    /// Drop one partition's local store, so that the next start restores it from a snapshot
+    /// (with `snapshot-restore-policy = "on-init"`) or replays its log
+    DropPartition {
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: u16,
+        /// Do not ask for confirmation
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,7 +57,11 @@ fn main() -> std::process::ExitCode {
         node_name: args.node_name,
         bind_address: args.bind_address,
     };
-    match run(args.config, overrides) {
+    let result = match args.tool {
+        None => run(args.config, overrides),
+        Some(tool) => run_tool(args.config, overrides, tool),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
@@ -61,6 +81,50 @@ fn run(config: Option<PathBuf>, overrides: cairn_node::Overrides) -> anyhow::Res
         let node = cairn_node::start(config).await?;
         node.run_until(shutdown_signal()).await
     })
+}
+
+fn run_tool(
+    config: Option<PathBuf>,
+    overrides: cairn_node::Overrides,
+    tool: Tool,
+) -> anyhow::Result<()> {
+    let config = cairn_node::Config::load(config.as_deref(), &overrides)?;
+    match tool {
+        Tool::DropPartition { partition_id, yes } => {
+            if !yes {
+                anyhow::ensure!(
+                    confirm(&format!(
+                        "Drop the local store of partition {partition_id} in {}? Its data is gone from this node until it is restored or replayed.",
+                        config.base_dir.display()
+                    ))?,
+                    "cancelled"
+                );
+            }
+            let dropped =
+                cairn_node::tools::drop_partition(&config, cairn_node::PartitionId(partition_id))?;
+            println!(
+                "Dropped the store of partition {} (it had applied the log up to LSN {})",
+                dropped.partition, dropped.applied_lsn
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Asks on the terminal; without one, refuses and says how to proceed.
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        anyhow::bail!(
+            "{question} This needs confirmation and there is no terminal to ask on; pass -y to confirm"
+        );
+    }
+    print!("{question} [y/N] ");
+    std::io::stdout().flush().context("write prompt")?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer).context("read answer")?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
 }
 
 async fn shutdown_signal() {

@@ -23,11 +23,24 @@ impl Server {
     }
 
     pub fn start_with(base_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_until(base_dir, args, env, "; data in ")
+    }
+
+    /// Starts `cairn` and waits until a line of its output contains `wait_for` (for crash tests
+    /// that stop it at a pause point before it listens). `address` is empty if it did not listen.
+    pub fn start_until(
+        base_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        wait_for: &str,
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .arg("--base-dir")
             .arg(base_dir)
             .args(["--bind-address", "127.0.0.1:0"])
             .args(args)
+            // Tests run in parallel: every node gets its own free metrics port.
+            .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -36,45 +49,73 @@ impl Server {
             .spawn()
             .expect("spawn cairn");
         let output = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
+        let (seen_tx, seen_rx) = mpsc::channel();
+        let address = Arc::new(Mutex::new(String::new()));
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let output = output.clone();
-            let tx = tx.clone();
+            let seen_tx = seen_tx.clone();
+            let wait_for = wait_for.to_string();
+            let address = address.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if let Some(rest) = line.split("listening on ").nth(1) {
+                    if let Some(rest) = line.split("Cairn node").nth(1)
+                        && let Some(rest) = rest.split("listening on ").nth(1)
+                    {
                         let addr = rest
                             .split(';')
                             .next()
                             .unwrap_or_default()
                             .trim()
                             .to_string();
-                        let _ = tx.send(addr);
+                        *address.lock().unwrap() = addr;
+                    }
+                    if line.contains(&wait_for) {
+                        let _ = seen_tx.send(());
                     }
                     output.lock().unwrap().push_str(&line);
                     output.lock().unwrap().push('\n');
                 }
             });
         }
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr,
-            Err(_) => {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            if seen_rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+                break;
+            }
+            let exited = child.try_wait().ok().flatten();
+            if exited.is_some() || std::time::Instant::now() > deadline {
                 let _ = child.kill();
+                // Let the readers collect the last lines.
+                std::thread::sleep(Duration::from_millis(200));
                 panic!(
-                    "cairn did not start listening; its output:\n{}",
+                    "cairn did not print {wait_for:?} ({}); its output:\n{}",
+                    exited.map_or("still running".to_string(), |s| s.to_string()),
                     output.lock().unwrap()
                 );
             }
-        };
+        }
+        let addr = address.lock().unwrap().clone();
         Server {
             child,
-            address: format!("http://{addr}"),
+            address: if addr.is_empty() {
+                String::new()
+            } else {
+                format!("http://{addr}")
+            },
             base_dir: base_dir.to_path_buf(),
             output,
         }
+    }
+
+    /// The address of the Prometheus metrics port, from the node's log.
+    pub fn metrics_address(&self) -> Option<String> {
+        self.output().lines().find_map(|line| {
+            let rest = line.split("metrics listening on http://").nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        })
     }
 
     pub fn output(&self) -> String {
@@ -112,6 +153,7 @@ impl Drop for Server {
 pub fn run_cairn(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(args)
+        .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
         .envs(env.iter().copied())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

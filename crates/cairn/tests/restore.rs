@@ -1,0 +1,535 @@
+//! Restore end to end with real `cairn` processes: seed 001's scenario (snapshot, trim, drop the
+//! partition offline, start with `on-init`), trim gaps with no repository, falling back from a
+//! corrupted snapshot, online restores, crashes in the middle of a restore, and the automatic
+//! snapshot-and-trim cycle; against the local folder and moto's S3 server.
+
+#[path = "../../snapshots/tests/support/moto.rs"]
+mod moto;
+mod support;
+
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions, PutEntry};
+use cairn_types::keys::partition_for_key;
+use cairn_types::{PartitionId, partition_key};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::{Server, cairnctl, fails, ok, run_cairn};
+
+const PARTITIONS: u16 = 16;
+
+/// Keys `<prefix>-<i>` for `i` in `range` that live in partition 0.
+fn keys_of_partition_0(prefix: &str, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i:07}"))
+        .filter(|k| partition_for_key(partition_key(k.as_bytes()), PARTITIONS) == PartitionId(0))
+        .take(count)
+        .collect()
+}
+
+fn value_of(key: &str) -> Bytes {
+    Bytes::from(format!("value of {key} ").repeat(6))
+}
+
+async fn client(address: &str) -> Client {
+    Client::connect(address, &ClientOptions::default())
+        .await
+        .unwrap()
+}
+
+/// Writes `keys` in batches of `batch` keys, one log record per batch.
+async fn put(address: &str, keys: &[String], batch: usize) {
+    let client = client(address).await;
+    for chunk in keys.chunks(batch) {
+        let entries = chunk
+            .iter()
+            .map(|k| PutEntry {
+                key: Bytes::from(k.clone()),
+                value: value_of(k),
+                ttl: None,
+            })
+            .collect();
+        client.put(entries).await.unwrap();
+    }
+}
+
+/// Asserts that every key of `keys` holds its value.
+async fn assert_all_there(address: &str, keys: &[String]) {
+    let client = client(address).await;
+    for chunk in keys.chunks(1000) {
+        let wanted: Vec<Bytes> = chunk.iter().map(|k| Bytes::from(k.clone())).collect();
+        let values = client.get(wanted).await.unwrap();
+        for (key, value) in chunk.iter().zip(values) {
+            assert_eq!(value, Some(value_of(key)), "key {key}");
+        }
+    }
+}
+
+/// The LSN column of `snapshots create`'s snapshot, read back from `snapshots list`.
+fn snapshot_lsn(address: &str, snapshot_id: &str) -> u64 {
+    let list = ok(cairnctl(address, &["snapshots", "list"]));
+    let row = list
+        .lines()
+        .find(|l| l.trim_start().starts_with(snapshot_id))
+        .unwrap_or_else(|| panic!("{snapshot_id} not listed:\n{list}"));
+    row.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn created_id(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Snapshot created: "))
+        .unwrap_or_else(|| panic!("no 'Snapshot created:' in {stdout}"))
+        .trim()
+        .to_string()
+}
+
+/// The columns of partition `id`'s row in `partitions list`.
+fn partition_row(address: &str, id: u16) -> Vec<String> {
+    let table = ok(cairnctl(address, &["partitions", "list"]));
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("partition {id} not listed:\n{table}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn drop_partition_0(base_dir: &Path) {
+    let out = run_cairn(
+        &[
+            "drop-partition",
+            "--base-dir",
+            base_dir.to_str().unwrap(),
+            "-p",
+            "0",
+            "-y",
+        ],
+        &[],
+    );
+    let stdout = ok(out);
+    assert!(
+        stdout.contains("Dropped the store of partition 0"),
+        "{stdout}"
+    );
+}
+
+fn with_on_init<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = env.to_vec();
+    env.push(("CAIRN_WORKER__SNAPSHOT_RESTORE_POLICY", "on-init"));
+    env
+}
+
+/// Seed 001: write, snapshot, trim, stop, drop the partition, start with `on-init`.
+async fn seed_001_scenario(env: &[(&str, &str)], trim_with_create: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let before = keys_of_partition_0("before", 3000);
+    let after = keys_of_partition_0("after", 300);
+    let server = Server::start_with(dir.path(), &[], env);
+    let a = server.address.clone();
+    put(&a, &before, 100).await;
+
+    let snapshot_id = if trim_with_create {
+        let out = ok(cairnctl(
+            &a,
+            &["snapshots", "create", "-p", "0", "--trim-log"],
+        ));
+        assert!(out.contains("Log 0 trimmed up to LSN"), "{out}");
+        created_id(&out)
+    } else {
+        let id = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+        let lsn = snapshot_lsn(&a, &id).to_string();
+        ok(cairnctl(&a, &["-y", "logs", "trim", "-l", "0", "-t", &lsn]));
+        id
+    };
+    let lsn = snapshot_lsn(&a, &snapshot_id);
+    // Records after the snapshot: the restore must replay them.
+    put(&a, &after, 10).await;
+    server.stop();
+
+    // Offline, as an operator would with the server stopped: the node holds the base dir lock.
+    drop_partition_0(dir.path());
+
+    // on-init restores the partition's missing store (the trim gap alone would too).
+    let server = Server::start_with(dir.path(), &[], &with_on_init(env));
+    let output = server.output();
+    assert!(
+        output.contains("Restoring partition from snapshot")
+            && output.contains(&format!("snapshot_id={snapshot_id}"))
+            && output.contains(&format!("lsn={lsn}")),
+        "{output}"
+    );
+    assert!(
+        output.contains("Initializing partition store from snapshot"),
+        "{output}"
+    );
+    let a = server.address.clone();
+    assert_all_there(&a, &before).await;
+    assert_all_there(&a, &after).await;
+    let row = partition_row(&a, 0);
+    assert_eq!(row.last().map(String::as_str), Some("active"), "{row:?}");
+    // Nothing of the restore stays behind.
+    assert!(!dir.path().join("restore-staging").join("0").exists());
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seed_001_restore_on_init_from_the_local_folder() {
+    seed_001_scenario(&[], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn seed_001_restore_on_init_from_an_s3_compatible_server() {
+    let moto = moto::server();
+    let bucket = moto.create_bucket();
+    let destination = format!("s3://{bucket}/restore");
+    let endpoint = moto.endpoint();
+    seed_001_scenario(
+        &[
+            ("CAIRN_WORKER__SNAPSHOTS__DESTINATION", destination.as_str()),
+            ("CAIRN_WORKER__SNAPSHOTS__ENDPOINT_URL", endpoint.as_str()),
+            ("CAIRN_WORKER__SNAPSHOTS__ALLOW_HTTP", "true"),
+            ("CAIRN_WORKER__SNAPSHOTS__REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", "cairn-test-key"),
+            ("AWS_SECRET_ACCESS_KEY", "cairn-test-secret"),
+        ],
+        true,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trim_gap_without_a_repository_keeps_the_partition_down_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("CAIRN_WORKER__SNAPSHOTS__DESTINATION", "none")];
+    let keys = keys_of_partition_0("k", 200);
+    let server = Server::start_with(dir.path(), &[], &env);
+    let a = server.address.clone();
+    put(&a, &keys, 50).await;
+    let err = fails(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
+    assert!(err.contains("no snapshot repository"), "{err}");
+    let tail = partition_row(&a, 0)[6].clone();
+    ok(cairnctl(
+        &a,
+        &["-y", "logs", "trim", "-l", "0", "-t", &tail, "--force"],
+    ));
+    server.stop();
+    drop_partition_0(dir.path());
+
+    let server = Server::start_with(dir.path(), &[], &env);
+    let a = server.address.clone();
+    let client = client(&a).await;
+    let err = client
+        .get(vec![Bytes::from(keys[0].clone())])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("trimmed up to LSN {tail}"))
+            && err.contains("no snapshot repository")
+            && err.contains("worker.snapshots.destination"),
+        "{err}"
+    );
+    let table = ok(cairnctl(&a, &["partitions", "list"]));
+    assert!(table.contains("missing"), "{table}");
+    // The other partitions serve.
+    ok(cairnctl(&a, &["kv", "put", "elsewhere", "v"]));
+}
+
+/// Keys under `ssts/` of partition 0's folder in a local repository.
+fn sst_objects(repository: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repository.join("0").join("ssts"))
+        .map(|dir| {
+            dir.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn snapshot_keys(address: &str, snapshot_id: &str) -> Vec<String> {
+    let metadata: serde_json::Value = serde_json::from_str(&ok(cairnctl(
+        address,
+        &["snapshots", "describe", snapshot_id],
+    )))
+    .unwrap();
+    metadata["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupted_newest_snapshot_falls_back_to_the_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let repository = dir.path().join("pp-snapshots");
+    let first_keys = keys_of_partition_0("first", 1000);
+    let second_keys = keys_of_partition_0("second", 1000);
+    let tail_keys = keys_of_partition_0("tail", 100);
+    let server = Server::start(dir.path());
+    let a = server.address.clone();
+    put(&a, &first_keys, 100).await;
+    let older = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    put(&a, &second_keys, 100).await;
+    let newer = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    put(&a, &tail_keys, 10).await;
+
+    // Corrupt a file that only the newer snapshot has.
+    let older_files = snapshot_keys(&a, &older);
+    let victim = snapshot_keys(&a, &newer)
+        .into_iter()
+        .find(|k| !older_files.contains(k))
+        .expect("the newer snapshot has a file of its own");
+    let path = repository.join("0").join(&victim);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+
+    // Online restore pinned to the corrupted snapshot fails, names the problem, and the
+    // partition keeps serving from its own store.
+    let err = fails(cairnctl(
+        &a,
+        &[
+            "-y",
+            "partitions",
+            "restore",
+            "-p",
+            "0",
+            "--snapshot",
+            &newer,
+        ],
+    ));
+    assert!(err.contains("checksum") && err.contains(&newer), "{err}");
+    assert_all_there(&a, &second_keys).await;
+
+    // Online restore of the newest suitable snapshot skips the corrupted one.
+    let out = ok(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert!(
+        out.contains(&format!("Partition 0 restored from snapshot {older}")),
+        "{out}"
+    );
+    assert_all_there(&a, &first_keys).await;
+    assert_all_there(&a, &second_keys).await;
+    assert_all_there(&a, &tail_keys).await;
+    server.stop();
+
+    // And at start-up, with on-init.
+    drop_partition_0(dir.path());
+    let server = Server::start_with(dir.path(), &[], &with_on_init(&[]));
+    let output = server.output();
+    assert!(
+        output.contains("snapshot not used for restore")
+            && output.contains(&newer)
+            && output.contains(&format!("snapshot_id={older}")),
+        "{output}"
+    );
+    let a = server.address.clone();
+    assert_all_there(&a, &first_keys).await;
+    assert_all_there(&a, &second_keys).await;
+    assert_all_there(&a, &tail_keys).await;
+}
+
+/// Kills `cairn` at each pause point of a restore in turn; the next start must repair whatever
+/// was left and end with every acknowledged write.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_during_download_import_and_replay_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshotted = keys_of_partition_0("snap", 4000);
+    // More than one read batch of records after the snapshot, so a replay can be cut short.
+    let tail = keys_of_partition_0("tail", 1500);
+    let server = Server::start(dir.path());
+    let a = server.address.clone();
+    put(&a, &snapshotted, 200).await;
+    ok(cairnctl(
+        &a,
+        &["snapshots", "create", "-p", "0", "--trim-log"],
+    ));
+    put(&a, &tail, 1).await;
+    server.stop();
+    drop_partition_0(dir.path());
+    let staging = dir.path().join("restore-staging");
+    let on_init = with_on_init(&[]);
+
+    let pause = |point: &'static str| {
+        let mut env = on_init.clone();
+        env.push(("CAIRN_PAUSE_AT", point));
+        Server::start_until(dir.path(), &[], &env, &format!("paused at {point}"))
+    };
+
+    let paused = pause("restore-download");
+    paused.kill();
+    assert!(staging.join("0").exists(), "killed mid-download");
+
+    let paused = pause("restore-import");
+    let output = paused.output();
+    assert!(
+        output.contains("removed a leftover restore staging folder"),
+        "{output}"
+    );
+    paused.kill();
+    assert!(staging.join("0.importing").exists(), "killed mid-import");
+
+    let paused = pause("replay");
+    let output = paused.output();
+    assert!(
+        output.contains("dropped the partial store") && output.contains("Restoring partition"),
+        "{output}"
+    );
+    paused.kill();
+
+    let server = Server::start_with(dir.path(), &[], &on_init);
+    let a = server.address.clone();
+    assert_all_there(&a, &snapshotted).await;
+    assert_all_there(&a, &tail).await;
+    assert!(!staging.join("0").exists() && !staging.join("0.importing").exists());
+}
+
+/// GET /metrics on the node's metrics port.
+fn scrape(server: &Server) -> String {
+    use std::io::{Read, Write};
+    let address = server.metrics_address().expect("the metrics port is on");
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// The value of the sample `name{partition="0"...}` in a scrape.
+fn sample(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{partition=\"0\"")))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn automatic_snapshots_and_trimming_keep_the_log_short_and_the_data_restorable() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        (
+            "CAIRN_WORKER__SNAPSHOTS__SNAPSHOT_INTERVAL_NUM_RECORDS",
+            "100",
+        ),
+        ("CAIRN_WORKER__SNAPSHOTS__NUM_RETAINED", "2"),
+        ("CAIRN_WORKER__TRIM_LOG_INTERVAL", "1s"),
+        ("CAIRN_WORKER__TRIM_LOG_DELAY", "0s"),
+    ];
+    let keys = keys_of_partition_0("auto", 600);
+    let server = Server::start_with(dir.path(), &[], &env);
+    let a = server.address.clone();
+    put(&a, &keys, 2).await;
+
+    // The scheduler snapshots partition 0 at least once per 100 records and the trimmer follows
+    // the archived LSN.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (trim_point, archived) = loop {
+        let row = partition_row(&a, 0);
+        let trim_point: u64 = row[5].parse().unwrap();
+        let archived: u64 = row[7].parse().unwrap_or(0);
+        if archived >= 100 && trim_point == archived {
+            break (trim_point, archived);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no automatic snapshot and trim: {row:?}\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(trim_point > 0 && archived > 0);
+    let list = ok(cairnctl(&a, &["snapshots", "list", "-p", "0"]));
+    let retained = list
+        .lines()
+        .filter(|l| l.trim_start().starts_with("snap_"))
+        .count();
+    assert!((1..=2).contains(&retained), "{list}");
+
+    let metrics = scrape(&server);
+    assert!(
+        sample(&metrics, "cairn_snapshot_upload_bytes_total").unwrap_or(0.0) > 0.0,
+        "{metrics}"
+    );
+    assert!(sample(&metrics, "cairn_partition_archived_lsn").unwrap_or(0.0) > 0.0);
+    assert!(sample(&metrics, "cairn_log_trim_point").unwrap_or(0.0) > 0.0);
+    assert!(sample(&metrics, "cairn_snapshot_newest_age_seconds").is_some());
+    assert!(sample(&metrics, "cairn_partition_replay_lag_records").is_some());
+    server.stop();
+
+    // The trimmed log plus the retained snapshots hold everything.
+    drop_partition_0(dir.path());
+    let server = Server::start_with(dir.path(), &[], &env);
+    assert!(
+        server
+            .output()
+            .contains("Restoring partition from snapshot")
+    );
+    assert_all_there(&server.address, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_deletes_what_only_evicted_snapshots_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let repository = dir.path().join("pp-snapshots");
+    let env = [("CAIRN_WORKER__SNAPSHOTS__NUM_RETAINED", "2")];
+    let server = Server::start_with(dir.path(), &[], &env);
+    let a = server.address.clone();
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        put(&a, &keys_of_partition_0(&format!("round{round}"), 500), 100).await;
+        ids.push(created_id(&ok(cairnctl(
+            &a,
+            &["snapshots", "create", "-p", "0"],
+        ))));
+        if round == 1 {
+            // Both snapshots are retained; every SST either references is there.
+            let mut both: Vec<String> = snapshot_keys(&a, &ids[0]);
+            both.extend(snapshot_keys(&a, &ids[1]));
+            let before = sst_objects(&repository);
+            assert!(
+                both.iter()
+                    .all(|k| before.contains(&k.trim_start_matches("ssts/").to_string())),
+                "{both:?} / {before:?}"
+            );
+        }
+    }
+    let first_files = {
+        // The first snapshot's metadata is gone with it; what it alone used is gone too.
+        let err = fails(cairnctl(&a, &["snapshots", "describe", &ids[0]]));
+        assert!(err.contains("is not in the repository"), "{err}");
+        sst_objects(&repository)
+    };
+    let mut referenced: Vec<String> = ids[1..]
+        .iter()
+        .flat_map(|id| snapshot_keys(&a, id))
+        .map(|k| k.trim_start_matches("ssts/").to_string())
+        .collect();
+    referenced.sort();
+    referenced.dedup();
+    assert_eq!(
+        first_files, referenced,
+        "the repository holds exactly the SSTs of the retained snapshots"
+    );
+    let list = ok(cairnctl(&a, &["snapshots", "list", "-p", "0"]));
+    let listed: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.starts_with("snap_"))
+        .collect();
+    assert_eq!(listed, vec![ids[2].as_str(), ids[1].as_str()], "{list}");
+    for id in &ids[1..] {
+        ok(cairnctl(&a, &["snapshots", "verify", id]));
+    }
+    // The archived LSN follows the oldest retained snapshot.
+    let row = partition_row(&a, 0);
+    assert_eq!(row[7], snapshot_lsn(&a, &ids[1]).to_string(), "{row:?}");
+}

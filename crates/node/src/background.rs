@@ -1,0 +1,179 @@
+//! Work the node does on its own: automatic snapshots and automatic log trimming.
+//!
+//! - Snapshots: a partition is snapshotted once `worker.snapshots.snapshot-interval` has passed
+//!   since its last one (plus up to a tenth of it at random, so partitions spread out), or once
+//!   `snapshot-interval-num-records` records were applied since. At most
+//!   `max-concurrent-snapshots` run at once.
+//! - Trimming: every `worker.trim-log-interval`, each partition's log is trimmed to its archived
+//!   LSN once that LSN has been archived for `worker.trim-log-delay`. The archived LSN is what the
+//!   oldest retained snapshot covers, so every retained snapshot stays restorable.
+
+use crate::node::NodeState;
+use cairn_types::{Lsn, PartitionId};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How often the snapshot scheduler looks at the partitions.
+const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+pub(crate) fn spawn(state: Arc<NodeState>, cancel: CancellationToken) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let snapshots = &state.config.worker.snapshots;
+    if state.snapshots.is_some()
+        && (snapshots.snapshot_interval.is_some()
+            || snapshots.snapshot_interval_num_records.is_some())
+    {
+        tasks.push(tokio::spawn(snapshot_scheduler(
+            state.clone(),
+            cancel.clone(),
+        )));
+    }
+    if let (Some(_), Some(interval)) = (&state.snapshots, state.config.worker.trim_log_interval) {
+        tasks.push(tokio::spawn(trimmer(state.clone(), interval, cancel)));
+    }
+    tasks
+}
+
+struct LastSnapshot {
+    at: Instant,
+    lsn: Lsn,
+    /// Extra wait on top of the interval for this partition.
+    jitter: Duration,
+    in_flight: bool,
+}
+
+async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
+    let settings = state.config.worker.snapshots.clone();
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        settings.max_concurrent_snapshots,
+    ));
+    let jitter = |interval: Option<Duration>| {
+        interval
+            .map(|i| i.mul_f64(rand::random::<f64>() / 10.0))
+            .unwrap_or_default()
+    };
+    let last: Arc<std::sync::Mutex<HashMap<PartitionId, LastSnapshot>>> = Arc::default();
+    {
+        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in state.partitions.slots() {
+            last.insert(
+                slot.id(),
+                LastSnapshot {
+                    at: Instant::now(),
+                    lsn: state.archived_lsn(slot.id()).unwrap_or(Lsn::ZERO),
+                    jitter: jitter(settings.snapshot_interval),
+                    in_flight: false,
+                },
+            );
+        }
+    }
+    info!(
+        interval = ?settings.snapshot_interval,
+        num_records = ?settings.snapshot_interval_num_records,
+        concurrency = settings.max_concurrent_snapshots,
+        "automatic snapshots are on"
+    );
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(SNAPSHOT_CHECK_INTERVAL) => {}
+            () = cancel.cancelled() => return,
+        }
+        for slot in state.partitions.slots() {
+            let Ok(partition) = slot.running() else {
+                continue;
+            };
+            let applied = partition.applied_lsn();
+            let due = {
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(entry) = last.get_mut(&slot.id()) else {
+                    continue;
+                };
+                let by_time = settings
+                    .snapshot_interval
+                    .is_some_and(|i| entry.at.elapsed() >= i + entry.jitter);
+                let by_records = settings
+                    .snapshot_interval_num_records
+                    .is_some_and(|n| applied.0.saturating_sub(entry.lsn.0) >= n);
+                let due = !entry.in_flight && applied > entry.lsn && (by_time || by_records);
+                if due {
+                    entry.in_flight = true;
+                }
+                due
+            };
+            if !due {
+                continue;
+            }
+            let state = state.clone();
+            let last = last.clone();
+            let permits = permits.clone();
+            let interval = settings.snapshot_interval;
+            tokio::spawn(async move {
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                let id = partition.id();
+                let result = state.create_snapshot(&partition, None, None).await;
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(entry) = last.get_mut(&id) else {
+                    return;
+                };
+                entry.in_flight = false;
+                entry.at = Instant::now();
+                entry.jitter = jitter(interval);
+                match result {
+                    Ok(created) => {
+                        entry.lsn = created.lsn;
+                        info!(partition = %id, snapshot_id = %created.snapshot_id, lsn = %created.lsn, "automatic snapshot done");
+                    }
+                    Err(err) => warn!(partition = %id, "automatic snapshot failed: {err}"),
+                }
+            });
+        }
+    }
+}
+
+async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: CancellationToken) {
+    let delay = state.config.worker.trim_log_delay;
+    info!(
+        ?interval,
+        ?delay,
+        "automatic log trimming to the archived LSN is on"
+    );
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = cancel.cancelled() => return,
+        }
+        for slot in state.partitions.slots() {
+            let Ok(partition) = slot.running() else {
+                continue;
+            };
+            state.refresh_archived_lsn(slot.id()).await;
+            let Some((archived, since)) = state.archived_since(slot.id()) else {
+                continue;
+            };
+            if since.elapsed() < delay {
+                continue;
+            }
+            let Ok(log) = slot.log().state().await else {
+                continue;
+            };
+            if archived <= log.trim_point {
+                continue;
+            }
+            match partition.trim_log(archived).await {
+                Ok(()) => {
+                    info!(partition = %slot.id(), trim_point = %archived, "trimmed the log to the archived LSN")
+                }
+                Err(err) => {
+                    state.metrics.record_failure(slot.id(), "trim");
+                    warn!(partition = %slot.id(), "automatic log trim failed: {err}");
+                }
+            }
+        }
+    }
+}

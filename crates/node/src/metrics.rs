@@ -1,0 +1,287 @@
+//! Prometheus metrics, served as text at `http://<metrics.bind-address>/metrics`.
+//!
+//! Counters and histograms are updated where the work happens; the per-partition LSN gauges and
+//! the age of the newest snapshot are read from the node when Prometheus scrapes.
+
+use crate::node::NodeState;
+use anyhow::Context;
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Buckets for snapshot and restore durations, in seconds.
+const DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+];
+
+pub(crate) struct Metrics {
+    registry: Registry,
+    upload_bytes: IntCounterVec,
+    upload_seconds: HistogramVec,
+    download_bytes: IntCounterVec,
+    restore_seconds: HistogramVec,
+    failures: IntCounterVec,
+    newest_snapshot_unix: GaugeVec,
+    newest_snapshot_age: GaugeVec,
+    applied_lsn: IntGaugeVec,
+    archived_lsn: IntGaugeVec,
+    trim_point: IntGaugeVec,
+    log_tail: IntGaugeVec,
+    replay_lag: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new_custom(Some("cairn".into()), None).expect("valid prefix");
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("registered once");
+            metric
+        };
+        let gauge = |name: &str, help: &str| {
+            let metric =
+                IntGaugeVec::new(Opts::new(name, help), &["partition"]).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("registered once");
+            metric
+        };
+        let float_gauge = |name: &str, help: &str| {
+            let metric =
+                GaugeVec::new(Opts::new(name, help), &["partition"]).expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("registered once");
+            metric
+        };
+        let histogram = |name: &str, help: &str| {
+            let metric = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec()),
+                &["partition"],
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(metric.clone()))
+                .expect("registered once");
+            metric
+        };
+        Metrics {
+            upload_bytes: counter(
+                "snapshot_upload_bytes_total",
+                "Bytes of SST files uploaded to the snapshot repository.",
+                &["partition"],
+            ),
+            upload_seconds: histogram(
+                "snapshot_publish_duration_seconds",
+                "Time to export and publish a snapshot.",
+            ),
+            download_bytes: counter(
+                "snapshot_download_bytes_total",
+                "Bytes of SST files downloaded from the snapshot repository by restores.",
+                &["partition"],
+            ),
+            restore_seconds: histogram(
+                "snapshot_restore_duration_seconds",
+                "Time to download, verify and import a snapshot.",
+            ),
+            failures: counter(
+                "snapshot_failures_total",
+                "Snapshot operations that failed, by operation (create, restore, trim, gc).",
+                &["partition", "operation"],
+            ),
+            newest_snapshot_unix: float_gauge(
+                "snapshot_newest_created_seconds",
+                "Unix time at which the newest snapshot of the partition was created.",
+            ),
+            newest_snapshot_age: float_gauge(
+                "snapshot_newest_age_seconds",
+                "Age of the newest snapshot of the partition.",
+            ),
+            applied_lsn: gauge(
+                "partition_applied_lsn",
+                "Last log record applied to the partition's store.",
+            ),
+            archived_lsn: gauge(
+                "partition_archived_lsn",
+                "LSN covered by the oldest retained snapshot: the log may be trimmed up to here.",
+            ),
+            trim_point: gauge("log_trim_point", "Last trimmed LSN of the partition's log."),
+            log_tail: gauge("log_tail_lsn", "Last LSN appended to the partition's log."),
+            replay_lag: gauge(
+                "partition_replay_lag_records",
+                "Records in the log that the partition has not applied yet.",
+            ),
+            registry,
+        }
+    }
+
+    pub fn record_publish(&self, partition: impl ToString, uploaded_bytes: u64, took: Duration) {
+        let partition = partition.to_string();
+        self.upload_bytes
+            .with_label_values(&[&partition])
+            .inc_by(uploaded_bytes);
+        self.upload_seconds
+            .with_label_values(&[&partition])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn record_restore(&self, partition: impl ToString, bytes: u64, took: Duration) {
+        let partition = partition.to_string();
+        self.download_bytes
+            .with_label_values(&[&partition])
+            .inc_by(bytes);
+        self.restore_seconds
+            .with_label_values(&[&partition])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn record_failure(&self, partition: impl ToString, operation: &str) {
+        self.failures
+            .with_label_values(&[&partition.to_string(), operation])
+            .inc();
+    }
+
+    pub fn record_restore_failure(&self, partition: impl ToString) {
+        self.record_failure(partition, "restore");
+    }
+
+    pub fn set_newest_snapshot(&self, partition: impl ToString, created_at: SystemTime) {
+        let unix = created_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.newest_snapshot_unix
+            .with_label_values(&[&partition.to_string()])
+            .set(unix.as_secs_f64());
+    }
+
+    /// The text exposition of every metric, after reading the node's current state.
+    pub async fn render(&self, state: &NodeState) -> String {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        for slot in state.partitions.slots() {
+            let label = slot.id().to_string();
+            let status = slot.status(state.partitions.stores()).await;
+            let applied = status.applied_lsn.0 as i64;
+            self.applied_lsn.with_label_values(&[&label]).set(applied);
+            if let Some(log) = status.log {
+                self.trim_point
+                    .with_label_values(&[&label])
+                    .set(log.trim_point.0 as i64);
+                self.log_tail
+                    .with_label_values(&[&label])
+                    .set(log.tail.0 as i64);
+                self.replay_lag
+                    .with_label_values(&[&label])
+                    .set((log.tail.0 as i64 - applied).max(0));
+            }
+            if let Some(archived) = state.archived_lsn(slot.id()) {
+                self.archived_lsn
+                    .with_label_values(&[&label])
+                    .set(archived.0 as i64);
+            }
+            if let Ok(created) = self
+                .newest_snapshot_unix
+                .get_metric_with_label_values(&[&label])
+                && created.get() > 0.0
+            {
+                self.newest_snapshot_age
+                    .with_label_values(&[&label])
+                    .set((now - created.get()).max(0.0));
+            }
+        }
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into memory");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `cancel`. One request per connection.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<NodeState>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let (mut stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    warn!("metrics port: accept: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = cancel.cancelled() => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut request = vec![0u8; 4096];
+            let mut read = 0;
+            // Read until the end of the request head; requests to this port have no body.
+            while read < request.len() {
+                match tokio::time::timeout(
+                    Duration::from_secs(5),
+                    stream.read(&mut request[read..]),
+                )
+                .await
+                {
+                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+                    Ok(Ok(n)) => read += n,
+                }
+                if request[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let head = String::from_utf8_lossy(&request[..read]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, content_type, body) = if head.starts_with("GET ")
+                && (path == "/metrics" || path.starts_with("/metrics?"))
+            {
+                (
+                    "200 OK",
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    state.metrics.render(&state).await,
+                )
+            } else {
+                (
+                    "404 Not Found",
+                    "text/plain; charset=utf-8",
+                    "Cairn serves its metrics at GET /metrics\n".to_string(),
+                )
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// Binds the metrics port.
+pub(crate) async fn bind(address: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
+        format!(
+            "cannot listen for metrics on {address}: another process may use it; set metrics.bind-address (or CAIRN_METRICS__BIND_ADDRESS) to a free address"
+        )
+    })?;
+    info!(
+        "metrics listening on http://{}/metrics",
+        listener.local_addr().unwrap_or(address)
+    );
+    Ok(listener)
+}

@@ -1,0 +1,489 @@
+//! The node's partitions: starting each one (restoring it from a snapshot first when its store is
+//! missing or behind its log's trim point), and restoring one on an operator's request.
+//!
+//! # Start-up decision, per partition
+//! ```text
+//!   repair an interrupted restore (drop a partial import, remove staging)
+//!   store present, log trim point ≤ applied LSN   → start, replay the log from applied + 1
+//!   store present, trim point > applied (a gap)   → restore, whatever the policy
+//!   no store, policy on-init                       → restore; none suitable and no gap → empty
+//!   no store, policy none, trim point = 0          → empty store, replay the whole log
+//!   no store, trim point > 0 (a gap)               → restore
+//!   restore impossible across a gap                → the partition stays down, saying why
+//! ```
+//! A partition never starts with a gap between its store and its log: it would serve data with
+//! records missing.
+
+use crate::config::RestorePolicy;
+use crate::metrics::Metrics;
+use anyhow::Context;
+use cairn_log::Loglet;
+use cairn_metadata::{
+    MetadataStore, PartitionPlacement, PartitionTable, Precondition, get_typed, put_typed,
+};
+use cairn_partition_store::{PartitionStore, PartitionStoreManager};
+use cairn_snapshots::SnapshotId;
+use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
+use cairn_worker::{
+    Clock, Error, Partition, PartitionStatus, RestoreProgressFn, RestoreStep, Restored, Restorer,
+    Result,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+use tracing::{error, info, warn};
+
+/// What a partition of this node is doing.
+#[derive(Clone)]
+enum SlotState {
+    Running(Arc<Partition>),
+    /// Not serving until an operator acts; the reason says why and what to do.
+    Down(String),
+    Restoring,
+}
+
+/// One partition of this node, whatever its state.
+pub(crate) struct Slot {
+    id: PartitionId,
+    key_range: KeyRange,
+    log: Arc<dyn Loglet>,
+    state: RwLock<SlotState>,
+    /// One restore at a time.
+    restoring: tokio::sync::Mutex<()>,
+}
+
+impl Slot {
+    pub fn id(&self) -> PartitionId {
+        self.id
+    }
+
+    pub fn log(&self) -> &Arc<dyn Loglet> {
+        &self.log
+    }
+
+    fn state(&self) -> SlotState {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, state: SlotState) {
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    /// The running partition, or why there is none.
+    pub fn running(&self) -> Result<Arc<Partition>> {
+        match self.state() {
+            SlotState::Running(partition) => Ok(partition),
+            SlotState::Down(reason) => Err(Error::Stopped {
+                partition: self.id,
+                reason,
+            }),
+            SlotState::Restoring => Err(Error::Stopped {
+                partition: self.id,
+                reason: "it is being restored from a snapshot; retry once the restore is done"
+                    .into(),
+            }),
+        }
+    }
+
+    pub async fn status(&self, stores: &PartitionStoreManager) -> PartitionStatus {
+        match self.state() {
+            SlotState::Running(partition) => partition.status().await,
+            other => PartitionStatus {
+                id: self.id,
+                key_range: self.key_range,
+                leader: None,
+                applied_lsn: stores
+                    .partition(self.id)
+                    .and_then(|s| s.applied_lsn().ok())
+                    .unwrap_or(Lsn::ZERO),
+                log: self.log.state().await.ok(),
+                stopped: Some(match other {
+                    SlotState::Down(reason) => reason,
+                    _ => "restoring from a snapshot".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// Everything needed to start, stop and restore partitions.
+pub(crate) struct Partitions {
+    slots: Vec<Slot>,
+    node: NodeId,
+    stores: Arc<PartitionStoreManager>,
+    metadata: Arc<dyn MetadataStore>,
+    restorer: Option<Restorer>,
+    clock: Arc<dyn Clock>,
+    policy: RestorePolicy,
+    metrics: Arc<Metrics>,
+    pub table_version: AtomicU64,
+}
+
+pub(crate) struct PartitionsConfig {
+    pub node: NodeId,
+    pub num_partitions: u16,
+    pub stores: Arc<PartitionStoreManager>,
+    pub metadata: Arc<dyn MetadataStore>,
+    pub restorer: Option<Restorer>,
+    pub clock: Arc<dyn Clock>,
+    pub policy: RestorePolicy,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Partitions {
+    /// Starts every partition: repairs, restores where needed, starts the processors and leads
+    /// them. A partition that cannot start stays down with the reason; the others serve.
+    pub async fn start(
+        config: PartitionsConfig,
+        logs: &dyn cairn_log::LogProvider,
+    ) -> anyhow::Result<Partitions> {
+        let mut slots = Vec::with_capacity(usize::from(config.num_partitions));
+        for p in 0..config.num_partitions {
+            let id = PartitionId(p);
+            let log = logs
+                .open(cairn_types::LogId::from(id))
+                .await
+                .with_context(|| format!("open the log of partition {id}"))?;
+            slots.push(Slot {
+                id,
+                key_range: KeyRange::of_partition(id, config.num_partitions),
+                log,
+                state: RwLock::new(SlotState::Restoring),
+                restoring: tokio::sync::Mutex::new(()),
+            });
+        }
+        let partitions = Partitions {
+            slots,
+            node: config.node,
+            stores: config.stores,
+            metadata: config.metadata,
+            restorer: config.restorer,
+            clock: config.clock,
+            policy: config.policy,
+            metrics: config.metrics,
+            table_version: AtomicU64::new(0),
+        };
+        for slot in &partitions.slots {
+            let state = match partitions.prepare(slot).await {
+                Ok(store) => match partitions.start_processor(slot, store) {
+                    Ok(partition) => SlotState::Running(partition),
+                    Err(err) => SlotState::Down(err.to_string()),
+                },
+                Err(reason) => {
+                    error!(partition = %slot.id, "partition is not serving: {reason}");
+                    SlotState::Down(reason)
+                }
+            };
+            slot.set(state);
+        }
+        let running: Vec<Arc<Partition>> = partitions
+            .slots
+            .iter()
+            .filter_map(|slot| slot.running().ok())
+            .collect();
+        partitions.lead(&running).await?;
+        Ok(partitions)
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    pub fn slot(&self, id: PartitionId) -> Option<&Slot> {
+        self.slots.get(usize::from(id.0))
+    }
+
+    pub fn stores(&self) -> &PartitionStoreManager {
+        &self.stores
+    }
+
+    /// Stops every processor.
+    pub async fn shutdown(&self) {
+        for slot in &self.slots {
+            if let Ok(partition) = slot.running() {
+                partition.shutdown().await;
+            }
+        }
+    }
+
+    /// Decides how `slot` starts and gets its store ready; `Err` is why it cannot start.
+    async fn prepare(&self, slot: &Slot) -> std::result::Result<PartitionStore, String> {
+        let id = slot.id;
+        if let Some(restorer) = &self.restorer {
+            restorer
+                .repair_interrupted(&self.stores, id)
+                .map_err(|e| e.to_string())?;
+        }
+        let trim_point = slot
+            .log
+            .state()
+            .await
+            .map_err(|e| format!("read the log's state: {e}"))?
+            .trim_point;
+        let existing = self.stores.partition(id);
+        let applied = match &existing {
+            Some(store) => store.applied_lsn().map_err(|e| e.to_string())?,
+            None => Lsn::ZERO,
+        };
+        let gap = trim_point > applied;
+        if let (Some(store), false) = (&existing, gap) {
+            return Ok(store.clone());
+        }
+        if gap {
+            warn!(
+                partition = %id,
+                %applied,
+                %trim_point,
+                "the log is trimmed past what the store holds: restoring from a snapshot"
+            );
+        }
+        if gap || self.policy == RestorePolicy::OnInit {
+            match self.restore_store(slot, trim_point, None, None).await {
+                Ok(_) => {
+                    return self
+                        .stores
+                        .partition(id)
+                        .ok_or_else(|| format!("partition {id} has no store after its restore"));
+                }
+                Err(err) if gap => {
+                    return Err(format!(
+                        "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN {applied}, so records {}..={trim_point} are missing, and {err}. Point worker.snapshots.destination at a repository holding a snapshot of partition {id} at LSN {trim_point} or later, then restart the node or run `cairnctl partitions restore -p {id}`",
+                        applied.0 + 1
+                    ));
+                }
+                Err(err) => {
+                    warn!(partition = %id, "no snapshot restored ({err}); the log is complete, so the partition replays it from the start");
+                }
+            }
+        }
+        self.stores
+            .open_or_create_partition(id)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Restores `slot`'s store from the repository; the processor must not be running.
+    async fn restore_store(
+        &self,
+        slot: &Slot,
+        trim_point: Lsn,
+        pinned: Option<SnapshotId>,
+        on_progress: Option<RestoreProgressFn>,
+    ) -> Result<Restored> {
+        let restorer = self.restorer.as_ref().ok_or_else(|| Error::Restore {
+            partition: slot.id,
+            message:
+                "this node has no snapshot repository (worker.snapshots.destination = \"none\")"
+                    .into(),
+        })?;
+        let started = Instant::now();
+        let result = restorer
+            .restore(&self.stores, slot.id, trim_point, pinned, on_progress)
+            .await;
+        match &result {
+            Ok(restored) => {
+                self.metrics
+                    .record_restore(slot.id, restored.bytes, started.elapsed());
+                info!(
+                    partition = %slot.id,
+                    snapshot_id = %restored.snapshot_id,
+                    lsn = %restored.min_applied_lsn,
+                    files = restored.files,
+                    bytes = restored.bytes,
+                    download_ms = restored.download.as_millis() as u64,
+                    import_ms = restored.import.as_millis() as u64,
+                    "Restored partition from snapshot; replaying the log from LSN {}",
+                    restored.min_applied_lsn.next()
+                );
+            }
+            Err(_) => self.metrics.record_restore_failure(slot.id),
+        }
+        result
+    }
+
+    fn start_processor(&self, slot: &Slot, store: PartitionStore) -> Result<Arc<Partition>> {
+        Partition::start(
+            slot.key_range,
+            self.node.clone(),
+            store,
+            slot.log.clone(),
+            self.clock.clone(),
+        )
+    }
+
+    /// Makes this node the leader of `partitions` at epochs newer than any seen, and waits until
+    /// each has replayed its log up to its announcement.
+    async fn lead(&self, partitions: &[Arc<Partition>]) -> anyhow::Result<()> {
+        let mut seen = Vec::with_capacity(partitions.len());
+        for partition in partitions {
+            let status = partition.status().await;
+            seen.push((
+                partition.id(),
+                status.leader.map(|l| l.epoch).unwrap_or_default(),
+            ));
+        }
+        let (version, table) = take_leadership(self.metadata.as_ref(), &self.node, &seen).await?;
+        self.table_version.store(version, Ordering::Relaxed);
+        let results = futures::future::join_all(partitions.iter().map(|partition| {
+            let epoch = table.partitions[&partition.id()].epoch;
+            async move {
+                let started = Instant::now();
+                let from = partition.applied_lsn();
+                let result = partition.become_leader(epoch).await;
+                (partition, from, started.elapsed(), result)
+            }
+        }))
+        .await;
+        for (partition, from, took, result) in results {
+            match result {
+                Ok(()) => {
+                    let to = partition.applied_lsn();
+                    if to.0 > from.0 + 1 {
+                        info!(
+                            partition = %partition.id(),
+                            records = to.0 - from.0,
+                            replay_ms = took.as_millis() as u64,
+                            "caught up with the log: applied LSN {from} → {to}"
+                        );
+                    }
+                }
+                Err(err) => {
+                    error!(partition = %partition.id(), "partition is not serving: {err}")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuilds `id`'s store from a snapshot (the newest suitable, or `pinned`) while it serves
+    /// nothing, then replays its log and leads it again. If no snapshot can be restored, the
+    /// partition goes back to its old store when it still has one that the log can continue.
+    pub async fn restore(
+        &self,
+        id: PartitionId,
+        pinned: Option<SnapshotId>,
+        on_progress: Option<RestoreProgressFn>,
+    ) -> Result<(Restored, Lsn)> {
+        let slot = self.slot(id).ok_or(Error::Restore {
+            partition: id,
+            message: "no such partition".into(),
+        })?;
+        let _one_at_a_time = slot.restoring.lock().await;
+        let previous = slot.state();
+        slot.set(SlotState::Restoring);
+        if let SlotState::Running(partition) = &previous {
+            partition.shutdown().await;
+        }
+        let trim_point = match slot.log.state().await {
+            Ok(state) => state.trim_point,
+            Err(err) => {
+                let err = Error::Restore {
+                    partition: id,
+                    message: format!("read the log's state: {err}"),
+                };
+                self.resume_after_failed_restore(slot, previous, &err).await;
+                return Err(err);
+            }
+        };
+        let restored = match self
+            .restore_store(slot, trim_point, pinned, on_progress.clone())
+            .await
+        {
+            Ok(restored) => restored,
+            Err(err) => {
+                self.resume_after_failed_restore(slot, previous, &err).await;
+                return Err(err);
+            }
+        };
+        let store = self.stores.partition(id).ok_or_else(|| Error::Restore {
+            partition: id,
+            message: "the store vanished after its restore".into(),
+        })?;
+        let partition = match self.start_processor(slot, store) {
+            Ok(partition) => partition,
+            Err(err) => {
+                slot.set(SlotState::Down(err.to_string()));
+                return Err(err);
+            }
+        };
+        slot.set(SlotState::Running(partition.clone()));
+        if let Some(progress) = &on_progress {
+            let to = slot.log.state().await.map(|l| l.tail).unwrap_or_default();
+            progress(RestoreStep::Replaying {
+                from: restored.min_applied_lsn.next(),
+                to,
+            });
+        }
+        if let Err(err) = self.lead(std::slice::from_ref(&partition)).await {
+            return Err(Error::Restore {
+                partition: id,
+                message: format!("restored, but could not lead the partition: {err:#}"),
+            });
+        }
+        let applied = partition.applied_lsn();
+        Ok((restored, applied))
+    }
+
+    /// After a failed online restore: the old store, if there is one without a gap, serves again;
+    /// otherwise the partition is down with the error.
+    async fn resume_after_failed_restore(&self, slot: &Slot, previous: SlotState, err: &Error) {
+        let store = self.stores.partition(slot.id);
+        let resumable = match (&previous, &store) {
+            (SlotState::Running(_), Some(store)) => match slot.log.state().await {
+                Ok(log) => store.applied_lsn().is_ok_and(|a| log.trim_point <= a),
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        if let (true, Some(store)) = (resumable, store) {
+            match self.start_processor(slot, store) {
+                Ok(partition) => {
+                    slot.set(SlotState::Running(partition.clone()));
+                    if let Err(e) = self.lead(std::slice::from_ref(&partition)).await {
+                        warn!(partition = %slot.id, "resume after a failed restore: {e:#}");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    slot.set(SlotState::Down(e.to_string()));
+                    return;
+                }
+            }
+        }
+        match previous {
+            SlotState::Down(reason) => slot.set(SlotState::Down(reason)),
+            _ => slot.set(SlotState::Down(err.to_string())),
+        }
+    }
+}
+
+/// Records this node as leader of the given partitions at an epoch newer than any the table or
+/// the stores (`seen`) know, so that records of any earlier incarnation are fenced.
+async fn take_leadership(
+    metadata: &dyn MetadataStore,
+    node: &NodeId,
+    seen: &[(PartitionId, Epoch)],
+) -> anyhow::Result<(u64, PartitionTable)> {
+    loop {
+        let (version, mut table) =
+            match get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "partition table")
+                .await?
+            {
+                Some((version, table)) => (Some(version), table),
+                None => (None, PartitionTable::default()),
+            };
+        for (id, seen) in seen {
+            let placement = table.partitions.entry(*id).or_insert(PartitionPlacement {
+                leader: None,
+                epoch: Default::default(),
+            });
+            placement.epoch = Epoch(placement.epoch.max(*seen).0 + 1);
+            placement.leader = Some(node.clone());
+        }
+        let precondition = version.map_or(Precondition::DoesNotExist, Precondition::MatchesVersion);
+        match put_typed(metadata, PartitionTable::KEY, &table, precondition).await {
+            Ok(version) => return Ok((version, table)),
+            Err(cairn_metadata::Error::PreconditionFailed { .. }) => continue,
+            Err(err) => return Err(err.into()),
+        }
+    }
+}

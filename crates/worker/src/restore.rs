@@ -1,0 +1,505 @@
+//! Restore: rebuilds a partition's store from a snapshot in the repository.
+//!
+//! ```text
+//!   latest.json ─▶ retained snapshots, newest first
+//!       for each: metadata.json ─▶ validate ─▶ download into <staging>/<pid>/<snapshot_id>/ (checksums)
+//!       first that passes: mark <staging>/<pid>.importing ─▶ drop old CF ─▶ import CF (move files)
+//!                          ─▶ check applied LSN ─▶ unmark ─▶ remove staging
+//! ```
+//!
+//! The caller then starts the partition processor, which replays the log from the snapshot's
+//! `min_applied_lsn + 1`.
+//!
+//! # Validation
+//! A snapshot is trusted only if its metadata is of a known version and names this cluster, this
+//! partition and this partition's key range, its comparator is RocksDB's bytewise one, and the log
+//! still holds every record after it: the log's trim point (the last trimmed LSN) is at most its
+//! `min_applied_lsn`. Every downloaded file is checked against its size and checksum. A snapshot
+//! that fails is skipped for the next older retained one; when none passes, the error lists each
+//! snapshot tried and why it was refused.
+//!
+//! # Crash consistency
+//! Downloads land in a staging folder that [`Restorer::repair_interrupted`] removes on the next
+//! start. RocksDB creates the imported column family before it adds the files, so an import is
+//! marked by a synced `<pid>.importing` file first; if a start finds the mark, the column family
+//! may be partial and is dropped, and the partition is restored again.
+
+use crate::{Error, Result};
+use cairn_partition_store::{ExportedFile, PartitionStoreManager};
+use cairn_snapshots::{SnapshotId, SnapshotMetadata, SnapshotRepository};
+use cairn_types::{KeyRange, Lsn, PartitionId};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+/// The comparator every Cairn store uses; a snapshot sorted by another cannot be imported.
+const BYTEWISE_COMPARATOR: &str = "leveldb.BytewiseComparator";
+
+/// How often download progress is reported.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A step of a restore, for progress bars and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreStep {
+    /// Downloading `snapshot_id`: `bytes` of `total` are in the staging folder.
+    Downloading {
+        snapshot_id: SnapshotId,
+        bytes: u64,
+        total: u64,
+    },
+    /// Importing the downloaded files into the store.
+    Importing { snapshot_id: SnapshotId },
+    /// The store is restored; the partition replays its log from `from` up to `to`.
+    Replaying { from: Lsn, to: Lsn },
+    /// A snapshot was refused; the restore goes on with the next older one.
+    Skipped {
+        snapshot_id: SnapshotId,
+        reason: String,
+    },
+}
+
+pub type RestoreProgressFn = Arc<dyn Fn(RestoreStep) + Send + Sync>;
+
+/// What a restore did.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub partition_id: PartitionId,
+    pub snapshot_id: SnapshotId,
+    pub min_applied_lsn: Lsn,
+    pub files: usize,
+    pub bytes: u64,
+    pub download: Duration,
+    pub import: Duration,
+    /// Newer snapshots that were refused, with the reason.
+    pub skipped: Vec<(SnapshotId, String)>,
+}
+
+/// Restores partitions of one node from its snapshot repository.
+pub struct Restorer {
+    repository: Arc<SnapshotRepository>,
+    /// `<base-dir>/restore-staging`: on the store's file system, so imports are hard links.
+    staging_root: PathBuf,
+    cluster_name: String,
+    num_partitions: u16,
+}
+
+impl Restorer {
+    pub fn new(
+        repository: Arc<SnapshotRepository>,
+        staging_root: PathBuf,
+        cluster_name: String,
+        num_partitions: u16,
+    ) -> Restorer {
+        Restorer {
+            repository,
+            staging_root,
+            cluster_name,
+            num_partitions,
+        }
+    }
+
+    pub fn repository(&self) -> &Arc<SnapshotRepository> {
+        &self.repository
+    }
+
+    fn marker(&self, partition: PartitionId) -> PathBuf {
+        self.staging_root.join(format!("{partition}.importing"))
+    }
+
+    fn staging_dir(&self, partition: PartitionId) -> PathBuf {
+        self.staging_root.join(partition.to_string())
+    }
+
+    /// Undoes what a crash in the middle of a restore of `partition` left: drops a column family
+    /// whose import may not have completed, and removes the staging folder. Returns whether an
+    /// import had been interrupted.
+    pub fn repair_interrupted(
+        &self,
+        stores: &PartitionStoreManager,
+        partition: PartitionId,
+    ) -> Result<bool> {
+        let marker = self.marker(partition);
+        let interrupted = marker.exists();
+        if interrupted {
+            if stores.partition(partition).is_some() {
+                stores
+                    .drop_partition(partition)
+                    .map_err(|e| restore_error(partition, "drop a partially imported store", e))?;
+            }
+            warn!(
+                %partition,
+                "a restore was interrupted while importing; dropped the partial store"
+            );
+            std::fs::remove_file(&marker)
+                .map_err(|e| restore_error(partition, "remove the import mark", e))?;
+        }
+        let staging = self.staging_dir(partition);
+        match std::fs::remove_dir_all(&staging) {
+            Ok(()) => {
+                info!(%partition, path = %staging.display(), "removed a leftover restore staging folder")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(restore_error(partition, "remove the staging folder", e)),
+        }
+        Ok(interrupted)
+    }
+
+    /// Replaces `partition`'s store (if any) with the newest suitable retained snapshot, or with
+    /// `pinned`. `trim_point` is the partition log's trim point: a snapshot older than it cannot
+    /// be replayed forward. The partition's processor must not be running.
+    pub async fn restore(
+        &self,
+        stores: &PartitionStoreManager,
+        partition: PartitionId,
+        trim_point: Lsn,
+        pinned: Option<SnapshotId>,
+        on_progress: Option<RestoreProgressFn>,
+    ) -> Result<Restored> {
+        let destination = self.repository.destination();
+        let latest = self
+            .repository
+            .latest(partition)
+            .await
+            .map_err(|e| restore_error(partition, "read latest.json", e))?
+            .ok_or_else(|| Error::Restore {
+                partition,
+                message: format!(
+                    "the snapshot repository {destination} has no snapshot of partition {partition}"
+                ),
+            })?;
+        let candidates: Vec<SnapshotId> = match pinned {
+            None => latest.retained.iter().map(|r| r.snapshot_id).collect(),
+            Some(id) if latest.retained.iter().any(|r| r.snapshot_id == id) => vec![id],
+            Some(id) => {
+                return Err(Error::Restore {
+                    partition,
+                    message: format!(
+                        "snapshot {id} is not a retained snapshot of partition {partition} in {destination}; `cairnctl snapshots list -p {partition}` shows those that are"
+                    ),
+                });
+            }
+        };
+
+        let mut skipped: Vec<(SnapshotId, String)> = Vec::new();
+        for snapshot_id in candidates {
+            match self
+                .try_restore(stores, partition, trim_point, snapshot_id, &on_progress)
+                .await
+            {
+                Ok(Attempt::Restored(mut restored)) => {
+                    restored.skipped = skipped;
+                    return Ok(restored);
+                }
+                Ok(Attempt::Refused(reason)) => {
+                    warn!(%partition, %snapshot_id, "snapshot not used for restore: {reason}");
+                    if let Some(progress) = &on_progress {
+                        progress(RestoreStep::Skipped {
+                            snapshot_id,
+                            reason: reason.clone(),
+                        });
+                    }
+                    skipped.push((snapshot_id, reason));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let tried = skipped
+            .iter()
+            .map(|(id, reason)| format!("{id}: {reason}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(Error::Restore {
+            partition,
+            message: format!("no suitable snapshot in {destination}; tried {tried}"),
+        })
+    }
+
+    /// Restores from one snapshot. A snapshot that is not suitable is `Refused` and the store is
+    /// left as it was; an `Err` means the store may have been dropped.
+    async fn try_restore(
+        &self,
+        stores: &PartitionStoreManager,
+        partition: PartitionId,
+        trim_point: Lsn,
+        snapshot_id: SnapshotId,
+        on_progress: &Option<RestoreProgressFn>,
+    ) -> Result<Attempt> {
+        let metadata = match self.repository.metadata(partition, snapshot_id).await {
+            Ok(metadata) => metadata,
+            Err(err) => return Ok(Attempt::Refused(err.to_string())),
+        };
+        if let Err(reason) = self.validate(partition, trim_point, &metadata) {
+            return Ok(Attempt::Refused(reason));
+        }
+        let files = match metadata
+            .files
+            .iter()
+            .map(exported_file)
+            .collect::<std::result::Result<Vec<_>, String>>()
+        {
+            Ok(files) => files,
+            Err(reason) => return Ok(Attempt::Refused(reason)),
+        };
+
+        info!(
+            partition_id = %partition,
+            %snapshot_id,
+            lsn = %metadata.min_applied_lsn,
+            "Restoring partition from snapshot"
+        );
+        let staging = self.staging_dir(partition).join(snapshot_id.to_string());
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+        if let Err(err) = std::fs::create_dir_all(&staging) {
+            return Err(restore_error(partition, "create the staging folder", err));
+        }
+        let started = Instant::now();
+        let download = self
+            .repository
+            .download_files(partition, &metadata, &staging);
+        let downloaded = with_progress(
+            download,
+            &staging,
+            snapshot_id,
+            metadata.size(),
+            on_progress.as_ref(),
+        )
+        .await;
+        if let Err(err) = downloaded {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return Ok(Attempt::Refused(err.to_string()));
+        }
+        let download = started.elapsed();
+
+        if let Some(progress) = on_progress {
+            progress(RestoreStep::Importing { snapshot_id });
+        }
+        info!(
+            partition_id = %partition,
+            min_applied_lsn = %metadata.min_applied_lsn,
+            "Initializing partition store from snapshot"
+        );
+        let started = Instant::now();
+        self.import(stores, partition, &staging, &metadata, files)?;
+        crate::testing::pause_point("restore-import").await;
+        self.unmark(partition)?;
+        let import = started.elapsed();
+        let _ = tokio::fs::remove_dir_all(self.staging_dir(partition)).await;
+        Ok(Attempt::Restored(Restored {
+            partition_id: partition,
+            snapshot_id,
+            min_applied_lsn: metadata.min_applied_lsn,
+            files: metadata.files.len(),
+            bytes: metadata.size(),
+            download,
+            import,
+            skipped: Vec::new(),
+        }))
+    }
+
+    fn validate(
+        &self,
+        partition: PartitionId,
+        trim_point: Lsn,
+        metadata: &SnapshotMetadata,
+    ) -> std::result::Result<(), String> {
+        if metadata.cluster_name != self.cluster_name {
+            return Err(format!(
+                "it belongs to cluster {:?}, this node to cluster {:?}",
+                metadata.cluster_name, self.cluster_name
+            ));
+        }
+        if metadata.partition_id != partition {
+            return Err(format!(
+                "it is a snapshot of partition {}",
+                metadata.partition_id
+            ));
+        }
+        let range = KeyRange::of_partition(partition, self.num_partitions);
+        if metadata.key_range != range {
+            return Err(format!(
+                "its key range {:?} is not partition {partition}'s range {range:?} in a cluster of {} partitions",
+                metadata.key_range, self.num_partitions
+            ));
+        }
+        if metadata.db_comparator_name != BYTEWISE_COMPARATOR {
+            return Err(format!(
+                "its files are sorted by {:?}, not {BYTEWISE_COMPARATOR:?}",
+                metadata.db_comparator_name
+            ));
+        }
+        if trim_point > metadata.min_applied_lsn {
+            return Err(format!(
+                "it covers the log up to LSN {}, but the log is trimmed up to LSN {trim_point}, so records {}..={trim_point} could not be replayed",
+                metadata.min_applied_lsn,
+                metadata.min_applied_lsn.0 + 1
+            ));
+        }
+        Ok(())
+    }
+
+    fn import(
+        &self,
+        stores: &PartitionStoreManager,
+        partition: PartitionId,
+        staging: &Path,
+        metadata: &SnapshotMetadata,
+        files: Vec<ExportedFile>,
+    ) -> Result<()> {
+        let marker = self.marker(partition);
+        write_synced(&marker, metadata.snapshot_id.to_string().as_bytes())
+            .map_err(|e| restore_error(partition, "mark the import", e))?;
+        if stores.partition(partition).is_some() {
+            stores
+                .drop_partition(partition)
+                .map_err(|e| restore_error(partition, "drop the old store", e))?;
+        }
+        let store = stores
+            .import_partition(partition, staging, &metadata.db_comparator_name, &files)
+            .map_err(|e| restore_error(partition, "import the snapshot", e))?;
+        let applied = store
+            .applied_lsn()
+            .map_err(|e| restore_error(partition, "read the imported applied LSN", e))?;
+        if applied != metadata.min_applied_lsn {
+            let _ = stores.drop_partition(partition);
+            return Err(Error::Restore {
+                partition,
+                message: format!(
+                    "snapshot {} says it holds LSN {} but its files hold LSN {applied}",
+                    metadata.snapshot_id, metadata.min_applied_lsn
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks the import of `partition` complete.
+    fn unmark(&self, partition: PartitionId) -> Result<()> {
+        let marker = self.marker(partition);
+        std::fs::remove_file(&marker)
+            .map_err(|e| restore_error(partition, "remove the import mark", e))?;
+        if let Some(parent) = marker.parent() {
+            let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
+        }
+        Ok(())
+    }
+}
+
+enum Attempt {
+    Restored(Restored),
+    Refused(String),
+}
+
+/// Runs `download`, reporting how many bytes the staging folder holds as it goes.
+async fn with_progress<T>(
+    download: impl Future<Output = T>,
+    staging: &Path,
+    snapshot_id: SnapshotId,
+    total: u64,
+    progress: Option<&RestoreProgressFn>,
+) -> T {
+    let report = |bytes| {
+        if let Some(progress) = progress {
+            progress(RestoreStep::Downloading {
+                snapshot_id,
+                bytes,
+                total,
+            })
+        }
+    };
+    report(0);
+    let mut download = std::pin::pin!(download);
+    let mut ticks = tokio::time::interval(PROGRESS_INTERVAL);
+    loop {
+        tokio::select! {
+            // The download first: a pause at the first tick then finds it started.
+            biased;
+            result = &mut download => {
+                report(total);
+                return result;
+            }
+            _ = ticks.tick() => {
+                report(dir_bytes(staging).min(total));
+                // Not polled while paused: the download stops where it is.
+                crate::testing::pause_point("restore-download").await;
+            }
+        }
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn write_synced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The import description of one snapshot file, found in the staging folder under its name.
+fn exported_file(
+    file: &cairn_snapshots::SnapshotFile,
+) -> std::result::Result<ExportedFile, String> {
+    let name = file.file_name()?;
+    Ok(ExportedFile {
+        column_family_name: file.column_family_name.clone(),
+        name: format!("/{name}"),
+        directory: String::new(),
+        size: file.size,
+        level: file.level,
+        start_key: unhex(&file.start_key)
+            .ok_or_else(|| format!("file {name} has a start key that is not hex"))?,
+        end_key: unhex(&file.end_key)
+            .ok_or_else(|| format!("file {name} has an end key that is not hex"))?,
+        smallest_seqno: file.smallest_seqno,
+        largest_seqno: file.largest_seqno,
+        num_entries: file.num_entries,
+        num_deletions: file.num_deletions,
+    })
+}
+
+fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn restore_error(partition: PartitionId, context: &str, err: impl std::fmt::Display) -> Error {
+    Error::Restore {
+        partition,
+        message: format!("{context}: {err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unhex;
+
+    #[test]
+    fn hex_keys_decode() {
+        assert_eq!(unhex("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(unhex(""), Some(vec![]));
+        assert_eq!(unhex("0"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+}
