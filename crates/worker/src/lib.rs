@@ -16,7 +16,7 @@ mod snapshot;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{Partition, PartitionStatus};
 pub use processor::Outcome;
-pub use snapshot::{CreatedSnapshot, SnapshotProducer};
+pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
 
