@@ -192,6 +192,17 @@ impl PartitionStoreManager {
             })
     }
 
+    /// Waits until no flush or compaction is running or queued in any partition. Writers must
+    /// pause for it to return.
+    pub fn wait_for_background_work(&self) -> Result<()> {
+        self.db
+            .wait_for_compact(&rust_rocksdb::WaitForCompactOptions::default())
+            .map_err(|source| Error::RocksDb {
+                context: "wait for compactions",
+                source,
+            })
+    }
+
     /// Partitions that have a column family here, in id order.
     pub fn partitions(&self) -> Vec<PartitionId> {
         let mut ids: Vec<PartitionId> = DB::list_cf(&Options::default(), &self.path)
@@ -399,6 +410,26 @@ impl PartitionStore {
         })
     }
 
+    /// Whether a compaction of this partition is running or queued, or one would be at the next
+    /// chance. The count of running compactions is the whole store's.
+    pub fn compaction_in_progress(&self) -> Result<bool> {
+        let property = |cf: Option<&Arc<BoundColumnFamily<'_>>>, name: &str| {
+            let value = match cf {
+                Some(cf) => self.db.property_int_value_cf(cf, name),
+                None => self.db.property_int_value(name),
+            };
+            value
+                .map(|v| v.unwrap_or(0))
+                .map_err(|source| Error::RocksDb {
+                    context: "read a property",
+                    source,
+                })
+        };
+        let cf = self.cf()?;
+        Ok(property(Some(&cf), "rocksdb.compaction-pending")? > 0
+            || property(None, "rocksdb.num-running-compactions")? > 0)
+    }
+
     /// Flushes the partition's memtable to SST files.
     pub fn flush(&self) -> Result<()> {
         self.db
@@ -574,6 +605,21 @@ mod tests {
             &imported.get(b"k2-99").unwrap().unwrap().value[..],
             &[2; 10]
         );
+    }
+
+    #[test]
+    fn background_work_settles() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        for i in 0..8u32 {
+            let mut batch = store.write_batch();
+            batch.put(&i.to_be_bytes(), b"v", None);
+            store.commit(batch).unwrap();
+            store.flush().unwrap();
+        }
+        manager.wait_for_background_work().unwrap();
+        assert!(!store.compaction_in_progress().unwrap());
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{Partition, PartitionStatus};
 pub use processor::Outcome;
 pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer};
-pub use snapshot::{CreatedSnapshot, SnapshotProducer};
+pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
 

@@ -21,7 +21,7 @@ use cairn_snapshots::{
     DEFAULT_ORPHAN_GRACE, GcReport, MetadataVersion, ProgressFn, PublishOptions, SnapshotFile,
     SnapshotId, SnapshotMetadata, SnapshotRepository,
 };
-use cairn_types::{LogId, Lsn, PartitionId};
+use cairn_types::{KeyRange, LogId, Lsn, PartitionId};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -160,38 +160,14 @@ impl SnapshotProducer {
         on_progress: Option<ProgressFn>,
     ) -> Result<CreatedSnapshot> {
         let id = partition.id();
-        let metadata = SnapshotMetadata {
-            version: MetadataVersion::V1,
-            cluster_name: self.cluster_name.clone(),
-            partition_id: id,
-            node_name: self.node_name.clone(),
-            created_at: SystemTime::now(),
+        let metadata = snapshot_metadata(
+            export,
             snapshot_id,
-            key_range: partition.key_range(),
-            min_applied_lsn: export.applied_lsn,
-            db_comparator_name: export.comparator_name.clone(),
-            files: export
-                .files
-                .iter()
-                .map(|f| SnapshotFile {
-                    column_family_name: f.column_family_name.clone(),
-                    name: f.name.clone(),
-                    directory: f.directory.clone(),
-                    size: f.size,
-                    level: f.level,
-                    start_key: hex(&f.start_key),
-                    end_key: hex(&f.end_key),
-                    smallest_seqno: f.smallest_seqno,
-                    largest_seqno: f.largest_seqno,
-                    num_entries: f.num_entries,
-                    num_deletions: f.num_deletions,
-                    checksum: None,
-                    key: None,
-                })
-                .collect(),
-            log_id: LogId::from(id),
-            stats: None,
-        };
+            id,
+            partition.key_range(),
+            &self.cluster_name,
+            &self.node_name,
+        );
         info!(
             partition = %id,
             %snapshot_id,
@@ -294,6 +270,52 @@ impl SnapshotProducer {
             uploaded_files: 0,
             uploaded_bytes: 0,
         }))
+    }
+}
+
+/// The metadata with which the producer publishes `export`, a snapshot of partition
+/// `partition_id` (whose key range is `key_range`) made on node `node_name` of cluster
+/// `cluster_name`: RocksDB's description of each exported file, the export's applied LSN, no
+/// checksums or object keys yet (publishing adds them).
+pub fn snapshot_metadata(
+    export: &ColumnFamilyExport,
+    snapshot_id: SnapshotId,
+    partition_id: PartitionId,
+    key_range: KeyRange,
+    cluster_name: &str,
+    node_name: &str,
+) -> SnapshotMetadata {
+    SnapshotMetadata {
+        version: MetadataVersion::V1,
+        cluster_name: cluster_name.to_owned(),
+        partition_id,
+        node_name: node_name.to_owned(),
+        created_at: SystemTime::now(),
+        snapshot_id,
+        key_range,
+        min_applied_lsn: export.applied_lsn,
+        db_comparator_name: export.comparator_name.clone(),
+        files: export
+            .files
+            .iter()
+            .map(|f| SnapshotFile {
+                column_family_name: f.column_family_name.clone(),
+                name: f.name.clone(),
+                directory: f.directory.clone(),
+                size: f.size,
+                level: f.level,
+                start_key: hex(&f.start_key),
+                end_key: hex(&f.end_key),
+                smallest_seqno: f.smallest_seqno,
+                largest_seqno: f.largest_seqno,
+                num_entries: f.num_entries,
+                num_deletions: f.num_deletions,
+                checksum: None,
+                key: None,
+            })
+            .collect(),
+        log_id: LogId::from(partition_id),
+        stats: None,
     }
 }
 

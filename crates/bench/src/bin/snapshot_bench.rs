@@ -1,0 +1,885 @@
+//! `cairn-snapshot-bench`: what publishing a partition snapshot costs beside a plain copy of the
+//! same SST bytes to the same place, to a local folder and to S3 (moto's server on loopback,
+//! started here), and how much an incremental snapshot uploads once a few keys have changed. One
+//! run, one table.
+//!
+//! 1. Builds one partition of `--bytes` of random (incompressible) values through the partition
+//!    store, flushes it and lets RocksDB's compactions settle.
+//! 2. Exports the column family and publishes it as the node does (same metadata, same
+//!    repository code) to a local repository and to an S3 repository.
+//! 3. Copies the same files plainly beside each, with the same concurrency as publish: into a
+//!    folder on the same file system with `fs::copy` (in the kernel) and with reads and writes of
+//!    one multipart part (through user space), each synced as publish syncs; and into the same
+//!    bucket with `SnapshotRepository::upload_plain`. Also times the hashing pass publish makes
+//!    before uploading.
+//! 4. Rewrites `--change-percent` of the keys, flushes, exports and publishes again to both, and
+//!    reports what the incremental snapshot uploaded and whether a compaction got in the way.
+//!
+//! Run: `cargo build --workspace --bins && $CARGO_TARGET_DIR/debug/cairn-snapshot-bench`
+
+use anyhow::{Context, bail};
+use cairn_partition_store::{
+    ColumnFamilyExport, PartitionStore, PartitionStoreManager, StoreOptions,
+};
+use cairn_snapshots::{
+    ProgressFn, PublishOptions, PublishReport, RepositoryOptions, SnapshotId, SnapshotRepository,
+};
+use cairn_types::{KeyRange, Lsn, PartitionId};
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const PARTITION: PartitionId = PartitionId(0);
+const CLUSTER: &str = "bench";
+const NODE: &str = "bench";
+const BUCKET: &str = "cairn-snapshot-bench";
+const MIB: f64 = 1024.0 * 1024.0;
+
+#[derive(Parser, Debug)]
+#[command(name = "cairn-snapshot-bench")]
+struct Args {
+    /// Bytes of values to write (keys and SST overhead add a few percent): 1GiB, 256MiB, 5000000
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    bytes: u64,
+    /// Size of each (random, incompressible) value
+    #[arg(long, default_value_t = 1000)]
+    value_bytes: usize,
+    /// Keys per write batch
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// Share of the keys rewritten, with new values, before the incremental snapshot
+    #[arg(long, default_value_t = 1.0)]
+    change_percent: f64,
+    /// Folder under which the benchmark makes its temporary folder (RocksDB, exports, local
+    /// repository, plain copy, moto's spill files); default: the system's temporary folder
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Files transferred at once, by publish and by the plain copies
+    #[arg(long, default_value_t = RepositoryOptions::default().upload_concurrency)]
+    upload_concurrency: usize,
+    /// Seed of the values and of the choice of changed keys
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 1GiB, 512MiB or 1000000"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}; use B, KiB, MiB, GiB, KB, MB or GB"
+            ));
+        }
+    };
+    Ok((number * scale as f64) as u64)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.value_bytes > 0 && args.batch > 0,
+        "values and batches must not be empty"
+    );
+    anyhow::ensure!(
+        args.change_percent > 0.0 && args.change_percent <= 100.0,
+        "--change-percent must be in (0, 100]"
+    );
+    let root = match &args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            tempfile::Builder::new()
+                .prefix("cairn-snapshot-bench-")
+                .tempdir_in(dir)?
+        }
+        None => tempfile::Builder::new()
+            .prefix("cairn-snapshot-bench-")
+            .tempdir()?,
+    };
+    let result = run(&args, root.path());
+    // Explicitly, so that a failure to clean up is seen.
+    let path = root.path().to_path_buf();
+    if let Err(err) = root.close() {
+        eprintln!("could not remove {}: {err}", path.display());
+    }
+    result
+}
+
+fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let repository_options = RepositoryOptions {
+        upload_concurrency: args.upload_concurrency,
+        ..RepositoryOptions::default()
+    };
+    let keys = args.bytes.div_ceil(args.value_bytes as u64);
+    println!(
+        "cairn-snapshot-bench: one partition, {keys} keys x {}-byte random values ({} of values), \
+         default partition-store options",
+        args.value_bytes,
+        size(keys * args.value_bytes as u64)
+    );
+    println!(
+        "transfers: {} files at once; files above {} in {} parts (repository defaults)",
+        repository_options.upload_concurrency,
+        size(repository_options.multipart_threshold_bytes),
+        size(repository_options.multipart_part_bytes)
+    );
+    println!("work folder: {}", root.display());
+
+    // moto first: a missing moto fails the run before the long build.
+    progress("starting moto's S3 server");
+    let moto = Moto::start(root)?;
+    moto.create_bucket(BUCKET)?;
+    let s3 = SnapshotRepository::open(
+        &format!("s3://{BUCKET}/cairn"),
+        RepositoryOptions {
+            endpoint_url: Some(moto.endpoint()),
+            region: Some("us-east-1".into()),
+            allow_http: true,
+            access_key_id: Some("testing".into()),
+            secret_access_key: Some("testing".into()),
+            ..repository_options.clone()
+        },
+    )?;
+    let local_path = root.join("local-repository");
+    let local = SnapshotRepository::open(
+        local_path.to_str().context("work folder is not UTF-8")?,
+        repository_options.clone(),
+    )?;
+
+    // 1. Build.
+    let manager = PartitionStoreManager::open(&root.join("db"), &StoreOptions::default())?;
+    let store = manager.open_or_create_partition(PARTITION)?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut lsn = 0u64;
+    let started = Instant::now();
+    let mut build_progress = Deciles::new("build", keys);
+    let mut written = 0u64;
+    while written < keys {
+        let end = (written + args.batch as u64).min(keys);
+        lsn += 1;
+        write_keys(&store, &mut rng, written..end, args.value_bytes, Lsn(lsn))?;
+        written = end;
+        build_progress.at(written);
+    }
+    let write_time = started.elapsed();
+    store.flush()?;
+    let build_time = started.elapsed();
+    progress("waiting for RocksDB's compactions to settle");
+    let settle_started = Instant::now();
+    manager.wait_for_background_work()?;
+    let settle_time = settle_started.elapsed();
+    let sst_bytes = sst_bytes_on_disk(&root.join("db"))?;
+
+    println!();
+    println!("== build");
+    println!(
+        "{:<50} {:>9}  ({} batches of {}, applied LSN {lsn})",
+        "write batches (not synced, WAL on)",
+        secs(write_time),
+        lsn,
+        args.batch
+    );
+    println!("{:<50} {:>9}", "write + flush", secs(build_time));
+    println!(
+        "{:<50} {:>9}  (before the first snapshot)",
+        "compactions settling after the flush",
+        secs(settle_time)
+    );
+    println!("{:<50} {:>9}", "SST bytes on disk", size(sst_bytes));
+
+    // 2. + 3. Full snapshot, publish and plain copy to each destination.
+    let exports = root.join("exports");
+    std::fs::create_dir_all(&exports)?;
+    let full = store.export(&exports.join("full"))?;
+    let full_bytes: u64 = full.files.iter().map(|f| f.size).sum();
+    println!(
+        "{:<50} {:>9}  in {}, {} of them above the multipart threshold",
+        "exported column family",
+        size(full_bytes),
+        files(full.files.len()),
+        full.files
+            .iter()
+            .filter(|f| f.size > repository_options.multipart_threshold_bytes)
+            .count()
+    );
+    println!(
+        "{:<50} smallest {}, largest {}",
+        "  file sizes",
+        size(full.files.iter().map(|f| f.size).min().unwrap_or(0)),
+        size(full.files.iter().map(|f| f.size).max().unwrap_or(0))
+    );
+    println!("{:<50} {}", "  levels", levels(&full));
+    let full_files = export_paths(&full);
+
+    let local_publish = runtime.block_on(publish(&local, &full, "full snapshot -> local"))?;
+    progress("plain copy -> local folder");
+    let plain_dir = root.join("plain-copy");
+    let local_plain = runtime.block_on(copy_plain(
+        &full_files,
+        &plain_dir,
+        args.upload_concurrency,
+        CopyWay::FsCopy,
+    ))?;
+    std::fs::remove_dir_all(&plain_dir)?;
+    progress("plain copy through user space -> local folder");
+    let local_plain_user = runtime.block_on(copy_plain(
+        &full_files,
+        &plain_dir,
+        args.upload_concurrency,
+        CopyWay::UserSpace {
+            chunk_bytes: repository_options.multipart_part_bytes as usize,
+        },
+    ))?;
+    let s3_publish = runtime.block_on(publish(&s3, &full, "full snapshot -> S3 (moto)"))?;
+    progress("upload_plain -> S3 (moto)");
+    let s3_plain = runtime.block_on(upload_plain(&s3, &full_files, args.upload_concurrency))?;
+    progress("hashing the files as publish does first");
+    let hash_only = runtime.block_on(hash_only(&full_files, args.upload_concurrency))?;
+    std::fs::remove_dir_all(&full.dir)?;
+    std::fs::remove_dir_all(&plain_dir)?;
+
+    println!();
+    println!(
+        "== full snapshot: {} in {}",
+        size(local_publish.0.total_bytes),
+        files(local_publish.0.files)
+    );
+    println!(
+        "{:<50} {:>9} {:>9} {:>15}",
+        "", "time", "MiB/s", "publish/plain"
+    );
+    let row = |name: &str, time: Duration, publish: Option<Duration>| {
+        let ratio = publish
+            .map(|publish| format!("{:.2}x", publish.as_secs_f64() / time.as_secs_f64()))
+            .unwrap_or_default();
+        println!(
+            "{name:<50} {:>9} {:>9.1} {ratio:>15}",
+            secs(time),
+            full_bytes as f64 / MIB / time.as_secs_f64()
+        )
+    };
+    row("local: publish", local_publish.1, None);
+    row(
+        "local: plain copy, fs::copy + fsync",
+        local_plain,
+        Some(local_publish.1),
+    );
+    row(
+        &format!(
+            "local: plain copy, {} reads/writes + fsync",
+            size(repository_options.multipart_part_bytes)
+        ),
+        local_plain_user,
+        Some(local_publish.1),
+    );
+    row("S3 (moto): publish", s3_publish.1, None);
+    row("S3 (moto): upload_plain", s3_plain, Some(s3_publish.1));
+    row(
+        "read + xxh3-128 only (publish's first pass)",
+        hash_only,
+        None,
+    );
+    for (name, report) in [("local", &local_publish.0), ("S3", &s3_publish.0)] {
+        anyhow::ensure!(
+            report.uploaded_bytes == report.total_bytes,
+            "the first {name} snapshot uploaded {} of {} bytes",
+            report.uploaded_bytes,
+            report.total_bytes
+        );
+    }
+
+    // 4. Incremental snapshot.
+    let changed = ((keys as f64 * args.change_percent / 100.0).round() as u64).max(1);
+    progress(&format!("rewriting {changed} random keys"));
+    let mut chosen: Vec<u64> = rand::seq::index::sample(&mut rng, keys as usize, changed as usize)
+        .into_iter()
+        .map(|i| i as u64)
+        .collect();
+    chosen.sort_unstable();
+    let started = Instant::now();
+    for chunk in chosen.chunks(args.batch) {
+        lsn += 1;
+        let mut batch = store.write_batch();
+        let mut value = vec![0u8; args.value_bytes];
+        for i in chunk {
+            rng.fill_bytes(&mut value);
+            batch.put(key(*i).as_bytes(), &value, None);
+        }
+        batch.set_applied_lsn(Lsn(lsn));
+        store.commit(batch)?;
+    }
+    store.flush()?;
+    let update_time = started.elapsed();
+    let incremental = store.export(&exports.join("incremental"))?;
+    let compacting_at_export = store.compaction_in_progress()?;
+    let local_incremental = runtime.block_on(publish(
+        &local,
+        &incremental,
+        "incremental snapshot -> local",
+    ))?;
+    let s3_incremental = runtime.block_on(publish(
+        &s3,
+        &incremental,
+        "incremental snapshot -> S3 (moto)",
+    ))?;
+    std::fs::remove_dir_all(&incremental.dir)?;
+
+    println!();
+    println!(
+        "== incremental snapshot: {changed} keys ({}%) rewritten with new values and flushed in {}",
+        args.change_percent,
+        secs(update_time)
+    );
+    println!(
+        "{:<50} {:>9} {:>12} {:>15} {:>9}",
+        "", "uploaded", "of snapshot", "uploaded share", "time"
+    );
+    let incremental_row = |name: &str, (report, time): &(PublishReport, Duration)| {
+        println!(
+            "{name:<50} {:>9} {:>12} {:>14.2}% {:>9}",
+            size(report.uploaded_bytes),
+            size(report.total_bytes),
+            100.0 * report.uploaded_bytes as f64 / report.total_bytes as f64,
+            secs(*time)
+        );
+        println!(
+            "{:<50} {:>9} {:>12}",
+            "  files", report.uploaded_files, report.files
+        );
+    };
+    incremental_row("local: publish", &local_incremental);
+    incremental_row("S3 (moto): publish", &s3_incremental);
+    println!(
+        "{:<50} {}",
+        "levels of the exported column family",
+        levels(&incremental)
+    );
+    println!("compaction: {}", compaction_between(&full, &incremental));
+
+    if compacting_at_export {
+        println!(
+            "compaction: RocksDB was compacting (or had a compaction queued) when the incremental \
+             snapshot was exported; the next snapshot carries what it rewrites:"
+        );
+        progress("waiting for RocksDB's compactions to settle");
+        let settle_started = Instant::now();
+        manager.wait_for_background_work()?;
+        let settle_time = settle_started.elapsed();
+        let settled = store.export(&exports.join("settled"))?;
+        let local_settled = runtime.block_on(publish(
+            &local,
+            &settled,
+            "snapshot after compaction -> local",
+        ))?;
+        let s3_settled = runtime.block_on(publish(
+            &s3,
+            &settled,
+            "snapshot after compaction -> S3 (moto)",
+        ))?;
+        std::fs::remove_dir_all(&settled.dir)?;
+        println!();
+        println!(
+            "== next snapshot, no writes, once the compaction settled ({})",
+            secs(settle_time)
+        );
+        incremental_row("local: publish", &local_settled);
+        incremental_row("S3 (moto): publish", &s3_settled);
+        println!(
+            "{:<50} {}",
+            "levels of the exported column family",
+            levels(&settled)
+        );
+        println!("compaction: {}", compaction_between(&incremental, &settled));
+    } else {
+        println!("compaction: none running or queued when the incremental snapshot was exported");
+    }
+
+    println!();
+    println!("notes:");
+    println!(
+        "- publish reads each file twice (hash, then upload), checks the repository for it, then \
+         writes metadata.json and latest.json; the plain copies move the bytes once"
+    );
+    println!(
+        "- local publish syncs each file and its folder (object_store with fsync), so the plain \
+         copies sync each file and the folder too; all write to {}; fs::copy uses \
+         copy_file_range, which keeps the bytes in the kernel",
+        root.display()
+    );
+    println!(
+        "- the SSTs were just written by RocksDB and sit in the page cache for every reader; \
+         dirty pages are written back (sync) before each timed transfer"
+    );
+    println!(
+        "- moto is a Python server on loopback that keeps objects in memory and temporary files: \
+         its S3 figures measure moto more than a network"
+    );
+    drop(store);
+    drop(manager);
+    drop(moto);
+    Ok(())
+}
+
+fn key(i: u64) -> String {
+    format!("key-{i:012}")
+}
+
+fn write_keys(
+    store: &PartitionStore,
+    rng: &mut StdRng,
+    keys: std::ops::Range<u64>,
+    value_bytes: usize,
+    lsn: Lsn,
+) -> anyhow::Result<()> {
+    let mut batch = store.write_batch();
+    let mut value = vec![0u8; value_bytes];
+    for i in keys {
+        rng.fill_bytes(&mut value);
+        batch.put(key(i).as_bytes(), &value, None);
+    }
+    batch.set_applied_lsn(lsn);
+    store.commit(batch)?;
+    Ok(())
+}
+
+/// Publishes `export` as the node's snapshot producer does; returns the report and the time the
+/// call took.
+async fn publish(
+    repository: &SnapshotRepository,
+    export: &ColumnFamilyExport,
+    label: &str,
+) -> anyhow::Result<(PublishReport, Duration)> {
+    let metadata = cairn_worker::snapshot_metadata(
+        export,
+        SnapshotId::generate(),
+        PARTITION,
+        KeyRange::of_partition(PARTITION, 1),
+        CLUSTER,
+        NODE,
+    );
+    let total = metadata.size();
+    let deciles = Arc::new(std::sync::Mutex::new(Deciles::new(label, total)));
+    let on_progress: ProgressFn = Arc::new(move |done, _total| {
+        deciles.lock().unwrap_or_else(|p| p.into_inner()).at(done);
+    });
+    let options = PublishOptions {
+        on_progress: Some(on_progress),
+        ..PublishOptions::default()
+    };
+    progress(label);
+    sync_disks();
+    let started = Instant::now();
+    let report = repository
+        .publish_with(&export.dir, metadata, options)
+        .await
+        .with_context(|| format!("{label}: publish"))?;
+    Ok((report, started.elapsed()))
+}
+
+/// How the plain local copy moves bytes.
+#[derive(Clone, Copy)]
+enum CopyWay {
+    /// `std::fs::copy`: `copy_file_range` on Linux, the bytes never reach user space.
+    FsCopy,
+    /// Reads of up to one multipart part into a buffer, each written out, as an upload does.
+    UserSpace { chunk_bytes: usize },
+}
+
+/// Copies `files` into `target` (created) `concurrency` at a time, syncing each copy and the
+/// folder as a local publish does.
+async fn copy_plain(
+    files: &[PathBuf],
+    target: &Path,
+    concurrency: usize,
+    way: CopyWay,
+) -> anyhow::Result<Duration> {
+    std::fs::create_dir_all(target)?;
+    sync_disks();
+    let started = Instant::now();
+    futures::stream::iter(files.iter().cloned())
+        .map(|source| {
+            let target = target.to_path_buf();
+            async move {
+                tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                    let name = source.file_name().context("a file name")?;
+                    let copy = target.join(name);
+                    match way {
+                        CopyWay::FsCopy => {
+                            std::fs::copy(&source, &copy)
+                                .with_context(|| format!("copy {}", source.display()))?;
+                            std::fs::File::open(&copy)?.sync_all()?;
+                        }
+                        CopyWay::UserSpace { chunk_bytes } => {
+                            let mut input = std::fs::File::open(&source)?;
+                            let mut output = std::fs::File::create(&copy)?;
+                            let mut buffer = vec![0u8; chunk_bytes];
+                            loop {
+                                let mut filled = 0;
+                                while filled < buffer.len() {
+                                    match input.read(&mut buffer[filled..])? {
+                                        0 => break,
+                                        read => filled += read,
+                                    }
+                                }
+                                if filled == 0 {
+                                    break;
+                                }
+                                output.write_all(&buffer[..filled])?;
+                            }
+                            output.sync_all()?;
+                        }
+                    }
+                    std::fs::File::open(&target)?.sync_all()?;
+                    Ok(())
+                })
+                .await?
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Uploads `files` to `plain/<name>` in the repository with `upload_plain`, `concurrency` at a
+/// time.
+async fn upload_plain(
+    repository: &SnapshotRepository,
+    files: &[PathBuf],
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    sync_disks();
+    let started = Instant::now();
+    futures::stream::iter(files)
+        .map(|file| async move {
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("a UTF-8 file name")?;
+            repository
+                .upload_plain(file, &format!("plain/{name}"))
+                .await
+                .with_context(|| format!("upload_plain {}", file.display()))?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Reads and hashes `files` as publish's first pass over each file does (xxh3-128 in 1 MiB
+/// chunks), `concurrency` at a time.
+async fn hash_only(files: &[PathBuf], concurrency: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    futures::stream::iter(files.iter().cloned())
+        .map(|path| async move {
+            tokio::task::spawn_blocking(move || -> anyhow::Result<u128> {
+                let mut file = std::fs::File::open(&path)?;
+                let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+                let mut buffer = vec![0u8; 1024 * 1024];
+                loop {
+                    match file.read(&mut buffer)? {
+                        0 => break,
+                        read => hasher.update(&buffer[..read]),
+                    }
+                }
+                Ok(hasher.digest128())
+            })
+            .await?
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// Writes back every dirty page of the machine, so that a timed transfer does not pay for the
+/// writes of the step before it.
+fn sync_disks() {
+    match Command::new("sync").status() {
+        Ok(status) if status.success() => {}
+        other => eprintln!("sync failed ({other:?}); timings may include earlier writes"),
+    }
+}
+
+fn export_paths(export: &ColumnFamilyExport) -> Vec<PathBuf> {
+    export
+        .files
+        .iter()
+        .map(|f| export.dir.join(f.name.trim_start_matches('/')))
+        .collect()
+}
+
+fn sst_bytes_on_disk(db: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(db)? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|e| e == "sst") {
+            total += entry.metadata()?.len();
+        }
+    }
+    Ok(total)
+}
+
+/// `L0: 2 files (120.3 MiB), L6: 17 files (1.02 GiB)`
+fn levels(export: &ColumnFamilyExport) -> String {
+    let mut by_level = std::collections::BTreeMap::<i32, (usize, u64)>::new();
+    for file in &export.files {
+        let entry = by_level.entry(file.level).or_default();
+        entry.0 += 1;
+        entry.1 += file.size;
+    }
+    by_level
+        .iter()
+        .map(|(level, (count, bytes))| format!("L{level}: {} ({})", files(*count), size(*bytes)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether a compaction replaced files of `before` by the time of `after` (file numbers are never
+/// reused within a RocksDB, so a file of `before` missing from `after` was compacted away).
+fn compaction_between(before: &ColumnFamilyExport, after: &ColumnFamilyExport) -> String {
+    let names = |e: &ColumnFamilyExport| -> BTreeSet<String> {
+        e.files.iter().map(|f| f.name.clone()).collect()
+    };
+    let (old, new) = (names(before), names(after));
+    let gone: Vec<_> = before
+        .files
+        .iter()
+        .filter(|f| !new.contains(&f.name))
+        .collect();
+    let added: Vec<_> = after
+        .files
+        .iter()
+        .filter(|f| !old.contains(&f.name))
+        .collect();
+    let bytes = |files: &[&cairn_partition_store::ExportedFile]| -> u64 {
+        files.iter().map(|f| f.size).sum()
+    };
+    if gone.is_empty() {
+        format!(
+            "none between the two snapshots: every file of the earlier one is still live; new: {} \
+             ({})",
+            files(added.len()),
+            size(bytes(&added))
+        )
+    } else {
+        format!(
+            "ran between the two snapshots: it replaced {} ({}) of the earlier one; new: {} ({})",
+            files(gone.len()),
+            size(bytes(&gone)),
+            files(added.len()),
+            size(bytes(&added))
+        )
+    }
+}
+
+fn files(n: usize) -> String {
+    if n == 1 {
+        "1 file".into()
+    } else {
+        format!("{n} files")
+    }
+}
+
+fn size(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1024.0 * MIB {
+        format!("{:.2} GiB", b / (1024.0 * MIB))
+    } else if b >= MIB {
+        format!("{:.1} MiB", b / MIB)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// Progress goes to stderr so that stdout is the report.
+fn progress(what: &str) {
+    eprintln!("[{}] {what}", since_start());
+}
+
+/// Seconds since the first call, for progress lines.
+fn since_start() -> String {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let start = START.get_or_init(Instant::now);
+    format!("{:7.1}s", start.elapsed().as_secs_f64())
+}
+
+/// Prints a progress line at every tenth of `total`.
+struct Deciles {
+    label: String,
+    total: u64,
+    printed: u64,
+}
+
+impl Deciles {
+    fn new(label: &str, total: u64) -> Deciles {
+        Deciles {
+            label: label.to_owned(),
+            total: total.max(1),
+            printed: 0,
+        }
+    }
+
+    fn at(&mut self, done: u64) {
+        let decile = (done.min(self.total) * 10 / self.total).min(10);
+        if decile > self.printed {
+            self.printed = decile;
+            progress(&format!("{}: {}%", self.label, decile * 10));
+        }
+    }
+}
+
+/// Starts moto in a thread of its own, reports the port it bound, then serves until stdin closes.
+const MOTO_SERVER: &str = r#"
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print("ready", server.get_host_and_port()[1], flush=True)
+sys.stdin.read()
+server.stop()
+"#;
+
+/// moto's S3 server in a `python3` child. It exits when its stdin (a pipe from this process)
+/// closes, which happens however this process ends; dropping it kills it at once.
+struct Moto {
+    child: Child,
+    _stdin: ChildStdin,
+    port: u16,
+}
+
+impl Moto {
+    /// Starts the server; objects it spills to temporary files go under `tmp`.
+    fn start(tmp: &Path) -> anyhow::Result<Moto> {
+        let log = tmp.join("moto.log");
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(MOTO_SERVER)
+            .env("TMPDIR", tmp)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context(
+                "start python3 for moto's S3 server (install moto: scripts/setup-debian.sh)",
+            )?;
+        let stdin = child.stdin.take().context("moto's stdin")?;
+        let stdout = child.stdout.take().context("moto's stdout")?;
+        let mut first_line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut first_line);
+        let Some(port) = first_line
+            .strip_prefix("ready ")
+            .and_then(|p| p.trim().parse::<u16>().ok())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "moto's S3 server did not start (is moto installed? see scripts/setup-debian.sh); \
+                 its output:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        };
+        let moto = Moto {
+            child,
+            _stdin: stdin,
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !moto
+            .request("GET", "/")
+            .is_ok_and(|response| is_ok(&response))
+        {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "moto does not answer on {}",
+                moto.endpoint()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(moto)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// object_store cannot create buckets, so this speaks HTTP itself; moto checks no signature.
+    fn create_bucket(&self, bucket: &str) -> anyhow::Result<()> {
+        let response = self.request("PUT", &format!("/{bucket}"))?;
+        anyhow::ensure!(is_ok(&response), "create bucket {bucket}: {response}");
+        Ok(())
+    }
+
+    fn request(&self, method: &str, path: &str) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    }
+}
+
+fn is_ok(response: &str) -> bool {
+    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("5000000"), Ok(5_000_000));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("1TiB").is_err());
+    }
+}
