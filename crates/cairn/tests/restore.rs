@@ -13,7 +13,7 @@ use cairn_types::keys::partition_for_key;
 use cairn_types::{PartitionId, partition_key};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{Server, cairnctl, fails, ok, run_cairn};
+use support::{Server, cairnctl, created_id, fails, ok, run_cairn};
 
 const PARTITIONS: u16 = 16;
 
@@ -72,15 +72,6 @@ fn snapshot_lsn(address: &str, snapshot_id: &str) -> u64 {
         .find(|l| l.trim_start().starts_with(snapshot_id))
         .unwrap_or_else(|| panic!("{snapshot_id} not listed:\n{list}"));
     row.split_whitespace().nth(2).unwrap().parse().unwrap()
-}
-
-fn created_id(stdout: &str) -> String {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Snapshot created: "))
-        .unwrap_or_else(|| panic!("no 'Snapshot created:' in {stdout}"))
-        .trim()
-        .to_string()
 }
 
 /// The columns of partition `id`'s row in `partitions list`.

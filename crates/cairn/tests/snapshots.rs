@@ -10,7 +10,7 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry};
 use std::path::Path;
 use std::process::Command;
-use support::{Server, cairnctl, fails, ok};
+use support::{Server, cairnctl, created_id, fails, ok};
 
 /// Writes `n` keys starting at `from` and returns the partitions they landed in.
 async fn write_keys(address: &str, from: usize, n: usize) {
@@ -25,15 +25,6 @@ async fn write_keys(address: &str, from: usize, n: usize) {
         })
         .collect();
     client.put(entries).await.unwrap();
-}
-
-fn created_id(stdout: &str) -> String {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Snapshot created: "))
-        .unwrap_or_else(|| panic!("no 'Snapshot created:' in {stdout}"))
-        .trim()
-        .to_string()
 }
 
 fn json(text: &str) -> serde_json::Value {

@@ -2,6 +2,7 @@
 //! object_store's in-memory store: retention frees the space of evicted snapshots at once,
 //! orphans go after their grace period, and nothing a retained snapshot needs is ever deleted.
 
+#[macro_use]
 mod support;
 
 use cairn_snapshots::{
@@ -15,24 +16,6 @@ use support::{Backend, Export, TestRepo, export, objects, random_bytes, reposito
 
 const P: PartitionId = PartitionId(1);
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// Runs each scenario once per backend, as `<backend>::<scenario>`.
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
-        mod local {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Local).await })*
-        }
-        mod s3 {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::S3).await })*
-        }
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Memory).await })*
-        }
-    };
-}
 
 scenarios!(
     retention_deletes_the_evicted_snapshot_and_its_unshared_ssts,

@@ -1,6 +1,7 @@
 //! Scenarios of the snapshot repository, each run against a local folder, moto's S3 server and
 //! object_store's in-memory store: what an operator or a restore would notice.
 
+#[macro_use]
 mod support;
 
 use cairn_snapshots::{
@@ -12,24 +13,6 @@ use std::sync::{Arc, Mutex};
 use support::{Backend, export, object_bytes, random_bytes, repository, repository_with, sst_keys};
 
 const P: PartitionId = PartitionId(1);
-
-/// Runs each scenario once per backend, as `<backend>::<scenario>`.
-macro_rules! scenarios {
-    ($($name:ident),* $(,)?) => {
-        mod local {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Local).await })*
-        }
-        mod s3 {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::S3).await })*
-        }
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Memory).await })*
-        }
-    };
-}
 
 scenarios!(
     publish_and_list_newest_first,

@@ -202,3 +202,14 @@ pub fn fails(output: Output) -> String {
     );
     stderr(&output)
 }
+
+/// The id that `cairnctl snapshots create` printed.
+#[track_caller]
+pub fn created_id(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Snapshot created: "))
+        .unwrap_or_else(|| panic!("no 'Snapshot created:' in {stdout}"))
+        .trim()
+        .to_string()
+}

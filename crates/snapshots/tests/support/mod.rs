@@ -207,3 +207,22 @@ pub async fn usage(repo: &SnapshotRepository, partition: u16) -> (usize, u64) {
     let counted = objects.iter().filter(|(key, _)| *key != "latest.json.lock");
     (counted.clone().count(), counted.map(|(_, size)| size).sum())
 }
+
+#[allow(unused_macros)]
+/// Runs each scenario once per backend, as `<backend>::<scenario>`.
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::Backend::Local).await })*
+        }
+        mod s3 {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::Backend::S3).await })*
+        }
+        mod memory {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::Backend::Memory).await })*
+        }
+    };
+}
