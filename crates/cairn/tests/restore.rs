@@ -204,6 +204,19 @@ async fn a_trim_gap_without_a_repository_keeps_the_partition_down_and_says_why()
         &a,
         &["-y", "logs", "trim", "-l", "0", "-t", &tail, "--force"],
     ));
+    // The offline tool refuses while the node runs.
+    let err = support::stderr(&run_cairn(
+        &[
+            "drop-partition",
+            "--base-dir",
+            dir.path().to_str().unwrap(),
+            "-p",
+            "0",
+            "-y",
+        ],
+        &[],
+    ));
+    assert!(err.contains("the node must be stopped"), "{err}");
     server.stop();
     drop_partition_0(dir.path());
 

@@ -57,6 +57,7 @@ fn main() -> std::process::ExitCode {
         node_name: args.node_name,
         bind_address: args.bind_address,
     };
+    let is_tool = args.tool.is_some();
     let result = match args.tool {
         None => run(args.config, overrides),
         Some(tool) => run_tool(args.config, overrides, tool),
@@ -64,7 +65,10 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
+            // The server's log gets the error too; a tool's user reads the terminal only.
+            if !is_tool {
+                tracing::error!("{err:#}");
+            }
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE
         }
