@@ -87,17 +87,20 @@ fn partition_row(address: &str, id: u16) -> Vec<String> {
 }
 
 fn drop_partition_0(base_dir: &Path) {
-    let out = run_cairn(
-        &[
-            "drop-partition",
-            "--base-dir",
-            base_dir.to_str().unwrap(),
-            "-p",
-            "0",
-            "-y",
-        ],
-        &[],
-    );
+    drop_partition_0_with(base_dir, &[], &[]);
+}
+
+fn drop_partition_0_with(base_dir: &Path, flags: &[&str], env: &[(&str, &str)]) {
+    let mut args = vec![
+        "drop-partition",
+        "--base-dir",
+        base_dir.to_str().unwrap(),
+        "-p",
+        "0",
+        "-y",
+    ];
+    args.extend_from_slice(flags);
+    let out = run_cairn(&args, env);
     let stdout = ok(out);
     assert!(
         stdout.contains("Dropped the store of partition 0"),
@@ -139,7 +142,7 @@ async fn seed_001_scenario(env: &[(&str, &str)], trim_with_create: bool) {
     server.stop();
 
     // Offline, as an operator would with the server stopped: the node holds the base dir lock.
-    drop_partition_0(dir.path());
+    drop_partition_0_with(dir.path(), &[], env);
 
     // on-init restores the partition's missing store (the trim gap alone would too).
     let server = Server::start_with(dir.path(), &[], &with_on_init(env));
@@ -218,7 +221,23 @@ async fn a_trim_gap_without_a_repository_keeps_the_partition_down_and_says_why()
     ));
     assert!(err.contains("the node must be stopped"), "{err}");
     server.stop();
-    drop_partition_0(dir.path());
+    // Stopped, it still refuses: the store is the only copy of the trimmed records.
+    let err = support::stderr(&run_cairn(
+        &[
+            "drop-partition",
+            "--base-dir",
+            dir.path().to_str().unwrap(),
+            "-p",
+            "0",
+            "-y",
+        ],
+        &env,
+    ));
+    assert!(
+        err.contains("only copy") && err.contains("--force"),
+        "{err}"
+    );
+    drop_partition_0_with(dir.path(), &["--force"], &env);
 
     let server = Server::start_with(dir.path(), &[], &env);
     let a = server.address.clone();
@@ -338,7 +357,9 @@ async fn a_corrupted_newest_snapshot_falls_back_to_the_older_one() {
 }
 
 /// Kills `cairn` at each pause point of a restore in turn; the next start must repair whatever
-/// was left and end with every acknowledged write.
+/// was left and end with every acknowledged write. Needs the binaries built with `test-hooks`
+/// (`./test.sh` builds with `--all-features`).
+#[cfg(feature = "test-hooks")]
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_during_download_import_and_replay_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -377,7 +398,7 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     paused.kill();
     assert!(staging.join("0.importing").exists(), "killed mid-import");
 
-    let paused = pause("replay");
+    let paused = pause("replay-0");
     let output = paused.output();
     assert!(
         output.contains("dropped the partial store") && output.contains("Restoring partition"),
@@ -536,4 +557,42 @@ async fn retention_deletes_what_only_evicted_snapshots_use() {
     // The archived LSN follows the oldest retained snapshot.
     let row = partition_row(&a, 0);
     assert_eq!(row[7], snapshot_lsn(&a, &ids[1]).to_string(), "{row:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_policy_decides_between_replaying_the_whole_log_and_restoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of_partition_0("policy", 500);
+    let server = Server::start(dir.path());
+    put(&server.address, &keys, 50).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    ));
+    server.stop();
+
+    // policy none: the log is complete, so the partition replays it from the start.
+    drop_partition_0(dir.path());
+    let server = Server::start(dir.path());
+    assert!(
+        !server
+            .output()
+            .contains("Restoring partition from snapshot"),
+        "{}",
+        server.output()
+    );
+    assert_all_there(&server.address, &keys).await;
+    server.stop();
+
+    // on-init: the same missing store comes from the snapshot.
+    drop_partition_0(dir.path());
+    let server = Server::start_with(dir.path(), &[], &with_on_init(&[]));
+    assert!(
+        server
+            .output()
+            .contains("Restoring partition from snapshot"),
+        "{}",
+        server.output()
+    );
+    assert_all_there(&server.address, &keys).await;
 }

@@ -44,7 +44,12 @@ struct LastSnapshot {
     /// Extra wait on top of the interval for this partition.
     jitter: Duration,
     in_flight: bool,
+    /// After a failure, no new attempt before this.
+    retry_after: Option<Instant>,
 }
+
+/// Wait after a failed automatic snapshot before the next attempt.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(30);
 
 async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
     let settings = state.config.worker.snapshots.clone();
@@ -57,19 +62,28 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
             .unwrap_or_default()
     };
     let last: Arc<std::sync::Mutex<HashMap<PartitionId, LastSnapshot>>> = Arc::default();
-    {
-        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-        for slot in state.partitions.slots() {
-            last.insert(
-                slot.id(),
-                LastSnapshot {
-                    at: Instant::now(),
-                    lsn: state.archived_lsn(slot.id()).unwrap_or(Lsn::ZERO),
-                    jitter: jitter(settings.snapshot_interval),
-                    in_flight: false,
-                },
-            );
-        }
+    for slot in state.partitions.slots() {
+        // Counted from the newest snapshot, so a restart does not snapshot everything at once.
+        let newest = match &state.snapshots {
+            Some(snapshots) => snapshots
+                .repository()
+                .latest(slot.id())
+                .await
+                .ok()
+                .flatten()
+                .map(|latest| latest.min_applied_lsn),
+            None => None,
+        };
+        last.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            slot.id(),
+            LastSnapshot {
+                at: Instant::now(),
+                lsn: newest.unwrap_or(Lsn::ZERO),
+                jitter: jitter(settings.snapshot_interval),
+                in_flight: false,
+                retry_after: None,
+            },
+        );
     }
     info!(
         interval = ?settings.snapshot_interval,
@@ -98,7 +112,9 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
                 let by_records = settings
                     .snapshot_interval_num_records
                     .is_some_and(|n| applied.0.saturating_sub(entry.lsn.0) >= n);
-                let due = !entry.in_flight && applied > entry.lsn && (by_time || by_records);
+                let waiting = entry.retry_after.is_some_and(|t| Instant::now() < t);
+                let due =
+                    !entry.in_flight && !waiting && applied > entry.lsn && (by_time || by_records);
                 if due {
                     entry.in_flight = true;
                 }
@@ -116,7 +132,12 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
                     return;
                 };
                 let id = partition.id();
-                let result = state.create_snapshot(&partition, None, None).await;
+                // In a task of its own, so that even a panic ends in the bookkeeping below.
+                let result =
+                    tokio::spawn(
+                        async move { state.create_snapshot(&partition, None, None).await },
+                    )
+                    .await;
                 let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(entry) = last.get_mut(&id) else {
                     return;
@@ -125,11 +146,19 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
                 entry.at = Instant::now();
                 entry.jitter = jitter(interval);
                 match result {
-                    Ok(created) => {
+                    Ok(Ok(created)) => {
                         entry.lsn = created.lsn;
+                        entry.retry_after = None;
                         info!(partition = %id, snapshot_id = %created.snapshot_id, lsn = %created.lsn, "automatic snapshot done");
                     }
-                    Err(err) => warn!(partition = %id, "automatic snapshot failed: {err}"),
+                    Ok(Err(err)) => {
+                        entry.retry_after = Some(Instant::now() + RETRY_AFTER_FAILURE);
+                        warn!(partition = %id, "automatic snapshot failed, next attempt in {RETRY_AFTER_FAILURE:?}: {err}");
+                    }
+                    Err(panicked) => {
+                        entry.retry_after = Some(Instant::now() + RETRY_AFTER_FAILURE);
+                        warn!(partition = %id, "automatic snapshot failed: {panicked}");
+                    }
                 }
             });
         }
@@ -153,12 +182,9 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
                 continue;
             };
             state.refresh_archived_lsn(slot.id()).await;
-            let Some((archived, since)) = state.archived_since(slot.id()) else {
+            let Some(archived) = state.archived_for(slot.id(), delay) else {
                 continue;
             };
-            if since.elapsed() < delay {
-                continue;
-            }
             let Ok(log) = slot.log().state().await else {
                 continue;
             };

@@ -95,7 +95,7 @@ impl Metrics {
             ),
             failures: counter(
                 "snapshot_failures_total",
-                "Snapshot operations that failed, by operation (create, restore, trim, gc).",
+                "Snapshot operations that failed, by operation (create, restore, trim).",
                 &["partition", "operation"],
             ),
             newest_snapshot_unix: float_gauge(

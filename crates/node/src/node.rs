@@ -32,8 +32,9 @@ pub(crate) struct NodeState {
     pub partitions: Partitions,
     /// `None` when the node has no snapshot repository.
     pub snapshots: Option<SnapshotProducer>,
-    /// Per partition, what the repository's `latest.json` last said it covers, and since when.
-    pub archived_lsn: Mutex<HashMap<PartitionId, (Lsn, Instant)>>,
+    /// Per partition, the archived LSNs `latest.json` has said it covers, oldest first, each with
+    /// when this node first saw it (the delay of automatic trimming counts from there).
+    pub archived_lsn: Mutex<HashMap<PartitionId, Vec<(Lsn, Instant)>>>,
     /// Scratch space for files served to clients (snapshot tars).
     pub tmp_dir: PathBuf,
     pub metrics: Arc<Metrics>,
@@ -45,25 +46,39 @@ impl NodeState {
         self.cluster.num_partitions
     }
 
+    /// The archived LSN `latest.json` last said.
     pub fn archived_lsn(&self, id: PartitionId) -> Option<Lsn> {
-        self.archived_since(id).map(|(lsn, _)| lsn)
-    }
-
-    /// The archived LSN and when this node first saw it.
-    pub fn archived_since(&self, id: PartitionId) -> Option<(Lsn, Instant)> {
         self.archived_lsn
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
-            .copied()
+            .and_then(|seen| seen.last())
+            .map(|(lsn, _)| *lsn)
+    }
+
+    /// The newest archived LSN that has been archived for at least `delay`.
+    pub fn archived_for(&self, id: PartitionId, delay: std::time::Duration) -> Option<Lsn> {
+        self.archived_lsn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)?
+            .iter()
+            .rev()
+            .find(|(_, since)| since.elapsed() >= delay)
+            .map(|(lsn, _)| *lsn)
     }
 
     pub fn set_archived_lsn(&self, id: PartitionId, lsn: Lsn) {
+        /// Archived LSNs remembered per partition for the trim delay.
+        const HISTORY_MAX: usize = 256;
         let mut archived = self.archived_lsn.lock().unwrap_or_else(|p| p.into_inner());
-        match archived.get(&id) {
-            Some((known, _)) if *known == lsn => {}
-            _ => {
-                archived.insert(id, (lsn, Instant::now()));
+        let seen = archived.entry(id).or_default();
+        if seen.last().map(|(known, _)| *known) != Some(lsn) {
+            // A smaller LSN (the repository was rewound) makes the larger ones untrustworthy.
+            seen.retain(|(known, _)| *known < lsn);
+            seen.push((lsn, Instant::now()));
+            if seen.len() > HISTORY_MAX {
+                seen.remove(0);
             }
         }
     }
@@ -117,7 +132,12 @@ impl NodeState {
                     self.metrics.set_newest_snapshot(id, metadata.created_at);
                 }
             }
-            Ok(None) => {}
+            Ok(None) => {
+                self.archived_lsn
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+            }
             Err(err) => tracing::warn!(partition = %id, "read latest snapshot: {err}"),
         }
     }
@@ -281,6 +301,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             clock,
             policy: config.worker.snapshot_restore_policy,
             metrics: metrics.clone(),
+            staging_root: base_dir.join("restore-staging"),
         },
         logs.as_ref(),
     )
@@ -345,7 +366,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
 }
 
 /// The snapshot repository of `[worker.snapshots]`: by default `<base-dir>/pp-snapshots`.
-fn open_repository(
+pub(crate) fn open_repository(
     config: &Config,
     base_dir: &std::path::Path,
 ) -> anyhow::Result<SnapshotRepository> {

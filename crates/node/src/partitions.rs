@@ -26,7 +26,7 @@ use cairn_snapshots::SnapshotId;
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use cairn_worker::{
     Clock, Error, Partition, PartitionStatus, RestoreProgressFn, RestoreStep, Restored, Restorer,
-    Result,
+    Result, repair_interrupted_restore,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -116,6 +116,8 @@ pub(crate) struct Partitions {
     clock: Arc<dyn Clock>,
     policy: RestorePolicy,
     metrics: Arc<Metrics>,
+    /// Where restores stage their downloads; repaired at every start.
+    staging_root: std::path::PathBuf,
     pub table_version: AtomicU64,
 }
 
@@ -128,6 +130,7 @@ pub(crate) struct PartitionsConfig {
     pub clock: Arc<dyn Clock>,
     pub policy: RestorePolicy,
     pub metrics: Arc<Metrics>,
+    pub staging_root: std::path::PathBuf,
 }
 
 impl Partitions {
@@ -161,6 +164,7 @@ impl Partitions {
             clock: config.clock,
             policy: config.policy,
             metrics: config.metrics,
+            staging_root: config.staging_root,
             table_version: AtomicU64::new(0),
         };
         for slot in &partitions.slots {
@@ -209,17 +213,14 @@ impl Partitions {
     /// Decides how `slot` starts and gets its store ready; `Err` is why it cannot start.
     async fn prepare(&self, slot: &Slot) -> std::result::Result<PartitionStore, String> {
         let id = slot.id;
-        if let Some(restorer) = &self.restorer {
-            restorer
-                .repair_interrupted(&self.stores, id)
-                .map_err(|e| e.to_string())?;
-        }
-        let trim_point = slot
+        repair_interrupted_restore(&self.stores, &self.staging_root, id)
+            .map_err(|e| e.to_string())?;
+        let log = slot
             .log
             .state()
             .await
-            .map_err(|e| format!("read the log's state: {e}"))?
-            .trim_point;
+            .map_err(|e| format!("read the log's state: {e}"))?;
+        let trim_point = log.trim_point;
         let existing = self.stores.partition(id);
         let applied = match &existing {
             Some(store) => store.applied_lsn().map_err(|e| e.to_string())?,
@@ -238,7 +239,7 @@ impl Partitions {
             );
         }
         if gap || self.policy == RestorePolicy::OnInit {
-            match self.restore_store(slot, trim_point, None, None).await {
+            match self.restore_store(slot, log, None, None).await {
                 Ok(_) => {
                     return self
                         .stores
@@ -247,7 +248,7 @@ impl Partitions {
                 }
                 Err(err) if gap => {
                     return Err(format!(
-                        "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN {applied}, so records {}..={trim_point} are missing, and {err}. Point worker.snapshots.destination at a repository holding a snapshot of partition {id} at LSN {trim_point} or later, then restart the node or run `cairnctl partitions restore -p {id}`",
+                        "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN {applied}, so records {}..={trim_point} are missing, and {err}. Point worker.snapshots.destination at a repository holding a snapshot of partition {id} at LSN {trim_point} or later and restart the node (if the repository is already right but was unreachable, `cairnctl partitions restore -p {id}` retries without a restart)",
                         applied.0 + 1
                     ));
                 }
@@ -265,7 +266,7 @@ impl Partitions {
     async fn restore_store(
         &self,
         slot: &Slot,
-        trim_point: Lsn,
+        log: cairn_log::LogState,
         pinned: Option<SnapshotId>,
         on_progress: Option<RestoreProgressFn>,
     ) -> Result<Restored> {
@@ -277,7 +278,7 @@ impl Partitions {
         })?;
         let started = Instant::now();
         let result = restorer
-            .restore(&self.stores, slot.id, trim_point, pinned, on_progress)
+            .restore(&self.stores, slot.id, log, pinned, on_progress)
             .await;
         match &result {
             Ok(restored) => {
@@ -373,8 +374,8 @@ impl Partitions {
         if let SlotState::Running(partition) = &previous {
             partition.shutdown().await;
         }
-        let trim_point = match slot.log.state().await {
-            Ok(state) => state.trim_point,
+        let log = match slot.log.state().await {
+            Ok(state) => state,
             Err(err) => {
                 let err = Error::Restore {
                     partition: id,
@@ -385,7 +386,7 @@ impl Partitions {
             }
         };
         let restored = match self
-            .restore_store(slot, trim_point, pinned, on_progress.clone())
+            .restore_store(slot, log, pinned, on_progress.clone())
             .await
         {
             Ok(restored) => restored,
@@ -394,10 +395,14 @@ impl Partitions {
                 return Err(err);
             }
         };
-        let store = self.stores.partition(id).ok_or_else(|| Error::Restore {
-            partition: id,
-            message: "the store vanished after its restore".into(),
-        })?;
+        let Some(store) = self.stores.partition(id) else {
+            let reason = "the store vanished after its restore; restart the node".to_string();
+            slot.set(SlotState::Down(reason.clone()));
+            return Err(Error::Restore {
+                partition: id,
+                message: reason,
+            });
+        };
         let partition = match self.start_processor(slot, store) {
             Ok(partition) => partition,
             Err(err) => {
@@ -414,9 +419,14 @@ impl Partitions {
             });
         }
         if let Err(err) = self.lead(std::slice::from_ref(&partition)).await {
+            let reason = format!(
+                "restored, but could not take the partition's leadership: {err:#}; restart the node"
+            );
+            partition.shutdown().await;
+            slot.set(SlotState::Down(reason.clone()));
             return Err(Error::Restore {
                 partition: id,
-                message: format!("restored, but could not lead the partition: {err:#}"),
+                message: reason,
             });
         }
         let applied = partition.applied_lsn();

@@ -363,10 +363,17 @@ impl v1::admin_server::Admin for AdminService {
                     None => format!("no snapshot covers log {}", slot.id()),
                 };
                 let first_lost = archived.unwrap_or(Lsn::ZERO).next();
+                let remedy = if self.state.snapshots.is_some() {
+                    format!(
+                        "Snapshot the partition first (`cairnctl snapshots create -p {} --trim-log`)",
+                        slot.id()
+                    )
+                } else {
+                    "This node has no snapshot repository: set worker.snapshots.destination and snapshot the partition first".to_string()
+                };
                 return Err(Status::failed_precondition(format!(
-                    "refusing to trim log {} to LSN {requested}: {covered}, so records {first_lost}..={requested} would be lost to any restore from a snapshot. Snapshot the partition first (`cairnctl snapshots create -p {} --trim-log`), or pass --force to trim anyway",
+                    "refusing to trim log {} to LSN {requested}: {covered}, so records {first_lost}..={requested} would be lost to any restore from a snapshot. {remedy}, or pass --force to trim anyway",
                     slot.id(),
-                    slot.id()
                 )));
             }
         }
@@ -415,6 +422,8 @@ impl v1::admin_server::Admin for AdminService {
             .await
             .map_err(status_of)?;
         let log_trim_point = if request.trim_log {
+            // The partition as it runs now: an online restore may have replaced it meanwhile.
+            let partition = self.partition(request.partition_id)?;
             partition.trim_log(created.lsn).await.map_err(status_of)?;
             let log = partition
                 .log()

@@ -1,8 +1,10 @@
 //! Offline tools for operators: they work on a node's base dir while the node is stopped.
 
 use crate::config::Config;
-use crate::node::lock_base_dir;
+use crate::node::{lock_base_dir, open_repository};
 use anyhow::{Context, bail};
+use cairn_log::LogProvider;
+use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_types::{Lsn, PartitionId};
 
@@ -17,7 +19,14 @@ pub struct DroppedPartition {
 /// Drops one partition's local store (its RocksDB column family) from the base dir of a stopped
 /// node. At the next start the partition restores from a snapshot (with
 /// `snapshot-restore-policy = "on-init"`, or when its log is trimmed) or replays its whole log.
-pub fn drop_partition(config: &Config, partition: PartitionId) -> anyhow::Result<DroppedPartition> {
+///
+/// Unless `force`, refuses when nothing could bring the data back: the log is trimmed and no
+/// snapshot in the repository reaches its trim point.
+pub fn drop_partition(
+    config: &Config,
+    partition: PartitionId,
+    force: bool,
+) -> anyhow::Result<DroppedPartition> {
     let base_dir = &config.base_dir;
     if !base_dir.join("db").join("CURRENT").exists() {
         bail!(
@@ -37,11 +46,62 @@ pub fn drop_partition(config: &Config, partition: PartitionId) -> anyhow::Result
     };
     let applied_lsn = store.applied_lsn().unwrap_or(Lsn::ZERO);
     drop(store);
+    if !force {
+        recoverable(config, partition)?;
+    }
     stores
         .drop_partition(partition)
         .with_context(|| format!("drop the store of partition {partition}"))?;
     Ok(DroppedPartition {
         partition,
         applied_lsn,
+    })
+}
+
+/// Fails, saying why, if the partition could not be rebuilt after its store is dropped.
+fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async {
+        let logs = LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
+            .context("open the local log")?;
+        let log = logs
+            .open(cairn_types::LogId::from(partition))
+            .await
+            .with_context(|| format!("open the log of partition {partition}"))?;
+        let trim_point = log.state().await?.trim_point;
+        if trim_point == Lsn::ZERO {
+            return Ok(()); // the whole log is there to replay
+        }
+        let force = "pass --force to drop it anyway";
+        if !config.snapshots_enabled() {
+            bail!(
+                "the log of partition {partition} is trimmed up to LSN {trim_point} and there is no snapshot repository (worker.snapshots.destination = \"none\"): this store is the only copy of those records; {force}"
+            );
+        }
+        let base_dir = config
+            .base_dir
+            .canonicalize()
+            .with_context(|| format!("resolve {}", config.base_dir.display()))?;
+        let repository = open_repository(config, &base_dir)?;
+        let latest = repository
+            .latest(partition)
+            .await
+            .context("read the snapshot repository")?;
+        match latest {
+            Some(latest) if latest.min_applied_lsn >= trim_point => Ok(()),
+            Some(latest) => bail!(
+                "the log of partition {partition} is trimmed up to LSN {trim_point} but its newest snapshot ({}) covers only up to LSN {}: this store is the only copy of records {}..={trim_point}; snapshot the partition first, or {force}",
+                latest.snapshot_id,
+                latest.min_applied_lsn,
+                latest.min_applied_lsn.next()
+            ),
+            None => bail!(
+                "the log of partition {partition} is trimmed up to LSN {trim_point} and {} holds no snapshot of it: this store is the only copy of those records; snapshot the partition first, or {force}",
+                repository.destination()
+            ),
+        }
     })
 }

@@ -18,7 +18,7 @@ pub mod testing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{Partition, PartitionStatus};
 pub use processor::Outcome;
-pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer};
+pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore};
 pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};

@@ -120,7 +120,7 @@ impl Processor {
                 })?;
                 self.apply(entry.lsn, envelope)?;
             }
-            crate::testing::pause_point("replay").await;
+            crate::testing::pause_point(&format!("replay-{partition}")).await;
         }
     }
 

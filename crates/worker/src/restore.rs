@@ -25,9 +25,10 @@
 //! may be partial and is dropped, and the partition is restored again.
 
 use crate::{Error, Result};
+use cairn_log::LogState;
 use cairn_partition_store::{ExportedFile, PartitionStoreManager};
 use cairn_snapshots::{SnapshotId, SnapshotMetadata, SnapshotRepository};
-use cairn_types::{KeyRange, Lsn, PartitionId};
+use cairn_types::{KeyRange, LogId, Lsn, PartitionId};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -104,55 +105,31 @@ impl Restorer {
     }
 
     fn marker(&self, partition: PartitionId) -> PathBuf {
-        self.staging_root.join(format!("{partition}.importing"))
+        marker_path(&self.staging_root, partition)
     }
 
     fn staging_dir(&self, partition: PartitionId) -> PathBuf {
         self.staging_root.join(partition.to_string())
     }
 
-    /// Undoes what a crash in the middle of a restore of `partition` left: drops a column family
-    /// whose import may not have completed, and removes the staging folder. Returns whether an
-    /// import had been interrupted.
+    /// See [`repair_interrupted_restore`].
     pub fn repair_interrupted(
         &self,
         stores: &PartitionStoreManager,
         partition: PartitionId,
     ) -> Result<bool> {
-        let marker = self.marker(partition);
-        let interrupted = marker.exists();
-        if interrupted {
-            if stores.partition(partition).is_some() {
-                stores
-                    .drop_partition(partition)
-                    .map_err(|e| restore_error(partition, "drop a partially imported store", e))?;
-            }
-            warn!(
-                %partition,
-                "a restore was interrupted while importing; dropped the partial store"
-            );
-            std::fs::remove_file(&marker)
-                .map_err(|e| restore_error(partition, "remove the import mark", e))?;
-        }
-        let staging = self.staging_dir(partition);
-        match std::fs::remove_dir_all(&staging) {
-            Ok(()) => {
-                info!(%partition, path = %staging.display(), "removed a leftover restore staging folder")
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(restore_error(partition, "remove the staging folder", e)),
-        }
-        Ok(interrupted)
+        repair_interrupted_restore(stores, &self.staging_root, partition)
     }
 
     /// Replaces `partition`'s store (if any) with the newest suitable retained snapshot, or with
-    /// `pinned`. `trim_point` is the partition log's trim point: a snapshot older than it cannot
-    /// be replayed forward. The partition's processor must not be running.
+    /// `pinned`. `log` is the state of the partition's log: a snapshot older than its trim point
+    /// cannot be replayed forward, and one past its tail was taken from another log. The
+    /// partition's processor must not be running.
     pub async fn restore(
         &self,
         stores: &PartitionStoreManager,
         partition: PartitionId,
-        trim_point: Lsn,
+        log: LogState,
         pinned: Option<SnapshotId>,
         on_progress: Option<RestoreProgressFn>,
     ) -> Result<Restored> {
@@ -184,7 +161,7 @@ impl Restorer {
         let mut skipped: Vec<(SnapshotId, String)> = Vec::new();
         for snapshot_id in candidates {
             match self
-                .try_restore(stores, partition, trim_point, snapshot_id, &on_progress)
+                .try_restore(stores, partition, log, snapshot_id, &on_progress)
                 .await
             {
                 Ok(Attempt::Restored(mut restored)) => {
@@ -201,17 +178,21 @@ impl Restorer {
                     }
                     skipped.push((snapshot_id, reason));
                 }
+                Err(Error::Restore { message, .. }) if !skipped.is_empty() => {
+                    return Err(Error::Restore {
+                        partition,
+                        message: format!("{message} (after skipping {})", tried(&skipped)),
+                    });
+                }
                 Err(err) => return Err(err),
             }
         }
-        let tried = skipped
-            .iter()
-            .map(|(id, reason)| format!("{id}: {reason}"))
-            .collect::<Vec<_>>()
-            .join("; ");
         Err(Error::Restore {
             partition,
-            message: format!("no suitable snapshot in {destination}; tried {tried}"),
+            message: format!(
+                "no suitable snapshot in {destination}; tried {}",
+                tried(&skipped)
+            ),
         })
     }
 
@@ -221,7 +202,7 @@ impl Restorer {
         &self,
         stores: &PartitionStoreManager,
         partition: PartitionId,
-        trim_point: Lsn,
+        log: LogState,
         snapshot_id: SnapshotId,
         on_progress: &Option<RestoreProgressFn>,
     ) -> Result<Attempt> {
@@ -229,7 +210,7 @@ impl Restorer {
             Ok(metadata) => metadata,
             Err(err) => return Ok(Attempt::Refused(err.to_string())),
         };
-        if let Err(reason) = self.validate(partition, trim_point, &metadata) {
+        if let Err(reason) = self.validate(partition, log, &metadata) {
             return Ok(Attempt::Refused(reason));
         }
         let files = match metadata
@@ -280,7 +261,10 @@ impl Restorer {
             "Initializing partition store from snapshot"
         );
         let started = Instant::now();
-        self.import(stores, partition, &staging, &metadata, files)?;
+        if let Err(reason) = self.import(stores, partition, &staging, &metadata, files)? {
+            let _ = tokio::fs::remove_dir_all(&staging).await;
+            return Ok(Attempt::Refused(reason));
+        }
         crate::testing::pause_point("restore-import").await;
         self.unmark(partition)?;
         let import = started.elapsed();
@@ -300,9 +284,10 @@ impl Restorer {
     fn validate(
         &self,
         partition: PartitionId,
-        trim_point: Lsn,
+        log: LogState,
         metadata: &SnapshotMetadata,
     ) -> std::result::Result<(), String> {
+        let trim_point = log.trim_point;
         if metadata.cluster_name != self.cluster_name {
             return Err(format!(
                 "it belongs to cluster {:?}, this node to cluster {:?}",
@@ -328,6 +313,19 @@ impl Restorer {
                 metadata.db_comparator_name
             ));
         }
+        if metadata.log_id != LogId::from(partition) {
+            return Err(format!(
+                "it was taken from log {}, not from log {}",
+                metadata.log_id,
+                LogId::from(partition)
+            ));
+        }
+        if metadata.min_applied_lsn > log.tail {
+            return Err(format!(
+                "it covers the log up to LSN {}, but this node's log ends at LSN {}: it was taken from another log (a base dir that was reset, or a repository shared with another cluster of the same name)",
+                metadata.min_applied_lsn, log.tail
+            ));
+        }
         if trim_point > metadata.min_applied_lsn {
             return Err(format!(
                 "it covers the log up to LSN {}, but the log is trimmed up to LSN {trim_point}, so records {}..={trim_point} could not be replayed",
@@ -338,6 +336,9 @@ impl Restorer {
         Ok(())
     }
 
+    /// Replaces the partition's store with the staged files. `Ok(Err(reason))`: RocksDB refused
+    /// the files or they do not hold what the metadata says; the partition has no store then, and
+    /// the caller may try an older snapshot.
     fn import(
         &self,
         stores: &PartitionStoreManager,
@@ -345,32 +346,40 @@ impl Restorer {
         staging: &Path,
         metadata: &SnapshotMetadata,
         files: Vec<ExportedFile>,
-    ) -> Result<()> {
-        let marker = self.marker(partition);
-        write_synced(&marker, metadata.snapshot_id.to_string().as_bytes())
-            .map_err(|e| restore_error(partition, "mark the import", e))?;
+    ) -> Result<std::result::Result<(), String>> {
+        // Drop first, then mark: the mark must only ever stand for a column family that may be
+        // partial, never for the old, complete store.
         if stores.partition(partition).is_some() {
             stores
                 .drop_partition(partition)
                 .map_err(|e| restore_error(partition, "drop the old store", e))?;
         }
-        let store = stores
-            .import_partition(partition, staging, &metadata.db_comparator_name, &files)
-            .map_err(|e| restore_error(partition, "import the snapshot", e))?;
-        let applied = store
-            .applied_lsn()
-            .map_err(|e| restore_error(partition, "read the imported applied LSN", e))?;
-        if applied != metadata.min_applied_lsn {
-            let _ = stores.drop_partition(partition);
-            return Err(Error::Restore {
-                partition,
-                message: format!(
-                    "snapshot {} says it holds LSN {} but its files hold LSN {applied}",
-                    metadata.snapshot_id, metadata.min_applied_lsn
-                ),
-            });
+        let marker = self.marker(partition);
+        write_synced(&marker, metadata.snapshot_id.to_string().as_bytes())
+            .map_err(|e| restore_error(partition, "mark the import", e))?;
+        let refused = |reason: String| -> Result<std::result::Result<(), String>> {
+            if stores.partition(partition).is_some() {
+                stores
+                    .drop_partition(partition)
+                    .map_err(|e| restore_error(partition, "drop a refused import", e))?;
+            }
+            self.unmark(partition)?;
+            Ok(Err(reason))
+        };
+        let store =
+            match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files)
+            {
+                Ok(store) => store,
+                Err(e) => return refused(format!("RocksDB refused its files: {e}")),
+            };
+        match store.applied_lsn() {
+            Ok(applied) if applied == metadata.min_applied_lsn => Ok(Ok(())),
+            Ok(applied) => refused(format!(
+                "its metadata says it holds LSN {} but its files hold LSN {applied}",
+                metadata.min_applied_lsn
+            )),
+            Err(e) => refused(format!("its applied LSN cannot be read: {e}")),
         }
-        Ok(())
     }
 
     /// Marks the import of `partition` complete.
@@ -388,6 +397,45 @@ impl Restorer {
 enum Attempt {
     Restored(Restored),
     Refused(String),
+}
+
+/// Undoes what a crash in the middle of a restore of `partition` left in `staging_root` (the
+/// restorer's staging folder): drops a column family whose import may not have completed, and
+/// removes the staging folder. Returns whether an import had been interrupted. Needs no
+/// repository, so a node runs it at every start whatever its configuration.
+pub fn repair_interrupted_restore(
+    stores: &PartitionStoreManager,
+    staging_root: &Path,
+    partition: PartitionId,
+) -> Result<bool> {
+    let marker = marker_path(staging_root, partition);
+    let interrupted = marker.exists();
+    if interrupted {
+        if stores.partition(partition).is_some() {
+            stores
+                .drop_partition(partition)
+                .map_err(|e| restore_error(partition, "drop a partially imported store", e))?;
+        }
+        warn!(
+            %partition,
+            "a restore was interrupted while importing; dropped the partial store"
+        );
+        std::fs::remove_file(&marker)
+            .map_err(|e| restore_error(partition, "remove the import mark", e))?;
+    }
+    let staging = staging_root.join(partition.to_string());
+    match std::fs::remove_dir_all(&staging) {
+        Ok(()) => {
+            info!(%partition, path = %staging.display(), "removed a leftover restore staging folder")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(restore_error(partition, "remove the staging folder", e)),
+    }
+    Ok(interrupted)
+}
+
+fn marker_path(staging_root: &Path, partition: PartitionId) -> PathBuf {
+    staging_root.join(format!("{partition}.importing"))
 }
 
 /// Runs `download`, reporting how many bytes the staging folder holds as it goes.
@@ -482,6 +530,14 @@ fn unhex(hex: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+fn tried(skipped: &[(SnapshotId, String)]) -> String {
+    skipped
+        .iter()
+        .map(|(id, reason)| format!("{id}: {reason}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn restore_error(partition: PartitionId, context: &str, err: impl std::fmt::Display) -> Error {

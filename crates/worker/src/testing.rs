@@ -3,20 +3,20 @@
 //! With `CAIRN_PAUSE_AT=<point>` in its environment, a node logs `paused at <point>` when it
 //! reaches that point and waits there forever, so a test can SIGKILL it at exactly that moment.
 //! The points: `restore-download` (a restore's download has started), `restore-import` (the
-//! snapshot is imported but the import is not yet marked complete) and `replay` (the processor
-//! has applied its first batch of log records). Without the variable these are no-ops.
+//! snapshot is imported but the import is not yet marked complete) and `replay-<pid>` (partition
+//! `<pid>`'s processor has applied its first batch of log records). Without the variable these are no-ops.
 
 /// The environment variable that names the point to pause at.
 pub const PAUSE_AT_ENV: &str = "CAIRN_PAUSE_AT";
 
-pub(crate) fn pause_requested(point: &str) -> bool {
-    std::env::var(PAUSE_AT_ENV).is_ok_and(|v| v == point)
-}
-
 /// Waits forever if the environment asks to pause at `point`.
+#[cfg(feature = "test-hooks")]
 pub(crate) async fn pause_point(point: &str) {
-    if pause_requested(point) {
+    if std::env::var(PAUSE_AT_ENV).is_ok_and(|v| v == point) {
         tracing::warn!("paused at {point} ({PAUSE_AT_ENV} is set)");
         std::future::pending::<()>().await;
     }
 }
+
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) async fn pause_point(_point: &str) {}

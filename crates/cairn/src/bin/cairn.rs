@@ -40,6 +40,9 @@ enum Tool {
         /// Do not ask for confirmation
         #[arg(short = 'y', long)]
         yes: bool,
+        /// Drop it even if nothing could rebuild it (its log is trimmed past every snapshot)
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -94,7 +97,11 @@ fn run_tool(
 ) -> anyhow::Result<()> {
     let config = cairn_node::Config::load(config.as_deref(), &overrides)?;
     match tool {
-        Tool::DropPartition { partition_id, yes } => {
+        Tool::DropPartition {
+            partition_id,
+            yes,
+            force,
+        } => {
             if !yes {
                 anyhow::ensure!(
                     confirm(&format!(
@@ -104,8 +111,11 @@ fn run_tool(
                     "cancelled"
                 );
             }
-            let dropped =
-                cairn_node::tools::drop_partition(&config, cairn_node::PartitionId(partition_id))?;
+            let dropped = cairn_node::tools::drop_partition(
+                &config,
+                cairn_node::PartitionId(partition_id),
+                force,
+            )?;
             println!(
                 "Dropped the store of partition {} (it had applied the log up to LSN {})",
                 dropped.partition, dropped.applied_lsn
