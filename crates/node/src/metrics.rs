@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     failures: IntCounterVec,
     newest_snapshot_unix: GaugeVec,
     newest_snapshot_age: GaugeVec,
+    /// Unix time of the newest snapshot per partition that has one.
+    newest_created: std::sync::Mutex<std::collections::HashMap<String, f64>>,
     applied_lsn: IntGaugeVec,
     archived_lsn: IntGaugeVec,
     trim_point: IntGaugeVec,
@@ -120,6 +122,7 @@ impl Metrics {
                 "partition_replay_lag_records",
                 "Records in the log that the partition has not applied yet.",
             ),
+            newest_created: Default::default(),
             registry,
         }
     }
@@ -157,10 +160,16 @@ impl Metrics {
     pub fn set_newest_snapshot(&self, partition: impl ToString, created_at: SystemTime) {
         let unix = created_at
             .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .as_secs_f64();
+        let partition = partition.to_string();
         self.newest_snapshot_unix
-            .with_label_values(&[&partition.to_string()])
-            .set(unix.as_secs_f64());
+            .with_label_values(&[&partition])
+            .set(unix);
+        self.newest_created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(partition, unix);
     }
 
     /// The text exposition of every metric, after reading the node's current state.

@@ -410,7 +410,8 @@ impl Partitions {
                 return Err(err);
             }
         };
-        slot.set(SlotState::Running(partition.clone()));
+        // The slot stays `Restoring` through the replay: until the partition leads again its
+        // requests would only meet "not the leader".
         if let Some(progress) = &on_progress {
             let to = slot.log.state().await.map(|l| l.tail).unwrap_or_default();
             progress(RestoreStep::Replaying {
@@ -429,6 +430,7 @@ impl Partitions {
                 message: reason,
             });
         }
+        slot.set(SlotState::Running(partition.clone()));
         let applied = partition.applied_lsn();
         Ok((restored, applied))
     }
