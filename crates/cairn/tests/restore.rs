@@ -596,3 +596,64 @@ async fn the_policy_decides_between_replaying_the_whole_log_and_restoring() {
     );
     assert_all_there(&server.address, &keys).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let a = server.address.clone();
+    let before = keys_of_partition_0("before", 2000);
+    put(&a, &before, 100).await;
+    ok(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
+
+    // Writers keep going through the restore; they keep the keys the node acknowledged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let a = a.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = client(&a).await;
+                let mut acked = Vec::new();
+                for key in keys_of_partition_0(&format!("during{w}"), 100_000) {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let entry = PutEntry {
+                        key: Bytes::from(key.clone()),
+                        value: value_of(&key),
+                        ttl: None,
+                    };
+                    if client.put(vec![entry]).await.is_ok() {
+                        acked.push(key);
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let restore = {
+        let a = a.clone();
+        tokio::task::spawn_blocking(move || {
+            cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"])
+        })
+    };
+    let out = ok(restore.await.unwrap());
+    assert!(out.contains("Partition 0 restored from snapshot"), "{out}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await.unwrap());
+    }
+    assert!(
+        acked.len() > 50,
+        "the writers made progress: {}",
+        acked.len()
+    );
+    assert_all_there(&a, &before).await;
+    assert_all_there(&a, &acked).await;
+}
