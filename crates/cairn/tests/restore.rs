@@ -386,6 +386,14 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     };
 
     let paused = pause("restore-download");
+    // The node serves while partition 0 is restored: it says so, and the others take writes.
+    let a = paused.address.clone();
+    assert!(!a.is_empty(), "{}", paused.output());
+    let row = partition_row(&a, 0);
+    assert_eq!(row.last().map(String::as_str), Some("starting"), "{row:?}");
+    ok(cairnctl(&a, &["kv", "put", "elsewhere", "v"]));
+    let err = fails(cairnctl(&a, &["kv", "get", &snapshotted[0]]));
+    assert!(err.contains("still starting"), "{err}");
     paused.kill();
     assert!(staging.join("0").exists(), "killed mid-download");
 

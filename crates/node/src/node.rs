@@ -291,7 +291,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     std::fs::create_dir_all(&tmp_dir).with_context(|| format!("create {}", tmp_dir.display()))?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let partitions = Partitions::start(
+    let partitions = Partitions::open(
         PartitionsConfig {
             node: node.clone(),
             num_partitions: cluster.num_partitions,
@@ -337,6 +337,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             cancel.clone().cancelled_owned(),
         );
     let server = tokio::spawn(server);
+    info!(
+        cluster = %cluster.cluster_name,
+        node = %node,
+        partitions = cluster.num_partitions,
+        "Cairn node {node} listening on {local_addr}; data in {}",
+        base_dir.display()
+    );
     let mut background = Vec::new();
     if let Some(listener) = metrics_listener {
         background.push(tokio::spawn(metrics::serve(
@@ -346,13 +353,19 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         )));
     }
     background.extend(crate::background::spawn(state.clone(), cancel.clone()));
-    info!(
-        cluster = %cluster.cluster_name,
-        node = %node,
-        partitions = cluster.num_partitions,
-        "Cairn node {node} listening on {local_addr}; data in {}",
-        base_dir.display()
-    );
+    // Partitions come up while the node serves: a long restore leaves admin calls, metrics and
+    // the other partitions available, and requests to a partition not up yet say so.
+    let bring_up = state.clone();
+    let bring_up_cancel = cancel.clone();
+    background.push(tokio::spawn(async move {
+        let total = bring_up.partitions.slots().len();
+        tokio::select! {
+            serving = bring_up.partitions.bring_up() => {
+                info!("{serving} of {total} partitions serving");
+            }
+            () = bring_up_cancel.cancelled() => {}
+        }
+    }));
     Ok(RunningNode {
         local_addr,
         metrics_addr,

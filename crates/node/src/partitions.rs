@@ -33,6 +33,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 use tracing::{error, info, warn};
 
+/// Partitions brought up at once at start: a long restore of one leaves the others coming up.
+const BRING_UP_CONCURRENCY: usize = 4;
+
 /// What a partition of this node is doing.
 #[derive(Clone)]
 enum SlotState {
@@ -40,6 +43,8 @@ enum SlotState {
     /// Not serving until an operator acts; the reason says why and what to do.
     Down(String),
     Restoring,
+    /// The node is bringing it up (repair, maybe a restore, replay).
+    Starting,
 }
 
 /// One partition of this node, whatever its state.
@@ -82,6 +87,12 @@ impl Slot {
                 reason: "it is being restored from a snapshot; retry once the restore is done"
                     .into(),
             }),
+            SlotState::Starting => Err(Error::Stopped {
+                partition: self.id,
+                reason:
+                    "the node is still starting it (restoring or replaying its log); retry shortly"
+                        .into(),
+            }),
         }
     }
 
@@ -99,6 +110,7 @@ impl Slot {
                 log: self.log.state().await.ok(),
                 stopped: Some(match other {
                     SlotState::Down(reason) => reason,
+                    SlotState::Starting => "starting".into(),
                     _ => "restoring from a snapshot".into(),
                 }),
             },
@@ -134,9 +146,8 @@ pub(crate) struct PartitionsConfig {
 }
 
 impl Partitions {
-    /// Starts every partition: repairs, restores where needed, starts the processors and leads
-    /// them. A partition that cannot start stays down with the reason; the others serve.
-    pub async fn start(
+    /// Opens every partition's log; the partitions serve once [`Partitions::bring_up`] has run.
+    pub async fn open(
         config: PartitionsConfig,
         logs: &dyn cairn_log::LogProvider,
     ) -> anyhow::Result<Partitions> {
@@ -151,11 +162,11 @@ impl Partitions {
                 id,
                 key_range: KeyRange::of_partition(id, config.num_partitions),
                 log,
-                state: RwLock::new(SlotState::Restoring),
+                state: RwLock::new(SlotState::Starting),
                 restoring: tokio::sync::Mutex::new(()),
             });
         }
-        let partitions = Partitions {
+        Ok(Partitions {
             slots,
             node: config.node,
             stores: config.stores,
@@ -166,27 +177,62 @@ impl Partitions {
             metrics: config.metrics,
             staging_root: config.staging_root,
             table_version: AtomicU64::new(0),
+        })
+    }
+
+    /// Brings every partition up, a few at a time: repairs, restores where needed, starts the
+    /// processor and leads it once it replayed its log. Each partition serves as soon as it is up;
+    /// one that cannot start stays down with the reason. The node serves (admin calls, metrics,
+    /// the partitions already up) meanwhile. Returns how many partitions serve.
+    pub async fn bring_up(&self) -> usize {
+        let permits = tokio::sync::Semaphore::new(BRING_UP_CONCURRENCY);
+        let permits = &permits;
+        let serving = futures::future::join_all(self.slots.iter().map(|slot| async move {
+            let _permit = permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            self.bring_up_one(slot).await
+        }))
+        .await;
+        serving.into_iter().filter(|serving| *serving).count()
+    }
+
+    async fn bring_up_one(&self, slot: &Slot) -> bool {
+        // Held throughout, so an online restore cannot start on a partition half brought up.
+        let _one_at_a_time = slot.restoring.lock().await;
+        let store = match self.prepare(slot).await {
+            Ok(store) => store,
+            Err(reason) => {
+                error!(partition = %slot.id, "partition is not serving: {reason}");
+                slot.set(SlotState::Down(reason));
+                return false;
+            }
         };
-        for slot in &partitions.slots {
-            let state = match partitions.prepare(slot).await {
-                Ok(store) => match partitions.start_processor(slot, store) {
-                    Ok(partition) => SlotState::Running(partition),
-                    Err(err) => SlotState::Down(err.to_string()),
-                },
-                Err(reason) => {
-                    error!(partition = %slot.id, "partition is not serving: {reason}");
-                    SlotState::Down(reason)
-                }
-            };
-            slot.set(state);
+        let partition = match self.start_processor(slot, store) {
+            Ok(partition) => partition,
+            Err(err) => {
+                slot.set(SlotState::Down(err.to_string()));
+                return false;
+            }
+        };
+        let led = match self.lead(std::slice::from_ref(&partition)).await {
+            Ok(mut results) => results.pop().unwrap_or(Ok(())),
+            Err(err) => Err(format!(
+                "cannot record this node as its leader: {err:#}; restart the node"
+            )),
+        };
+        match led {
+            Ok(()) => {
+                slot.set(SlotState::Running(partition));
+                true
+            }
+            Err(reason) => {
+                partition.shutdown().await;
+                slot.set(SlotState::Down(reason));
+                false
+            }
         }
-        let running: Vec<Arc<Partition>> = partitions
-            .slots
-            .iter()
-            .filter_map(|slot| slot.running().ok())
-            .collect();
-        partitions.lead(&running).await?;
-        Ok(partitions)
     }
 
     pub fn slots(&self) -> &[Slot] {
@@ -312,8 +358,11 @@ impl Partitions {
     }
 
     /// Makes this node the leader of `partitions` at epochs newer than any seen, and waits until
-    /// each has replayed its log up to its announcement.
-    async fn lead(&self, partitions: &[Arc<Partition>]) -> anyhow::Result<()> {
+    /// each has replayed its log up to its announcement. Per partition, whether it leads.
+    async fn lead(
+        &self,
+        partitions: &[Arc<Partition>],
+    ) -> anyhow::Result<Vec<std::result::Result<(), String>>> {
         let mut seen = Vec::with_capacity(partitions.len());
         for partition in partitions {
             let status = partition.status().await;
@@ -334,6 +383,7 @@ impl Partitions {
             }
         }))
         .await;
+        let mut led = Vec::with_capacity(results.len());
         for (partition, from, took, result) in results {
             match result {
                 Ok(()) => {
@@ -346,13 +396,15 @@ impl Partitions {
                             "caught up with the log: applied LSN {from} → {to}"
                         );
                     }
+                    led.push(Ok(()));
                 }
                 Err(err) => {
-                    error!(partition = %partition.id(), "partition is not serving: {err}")
+                    error!(partition = %partition.id(), "partition is not serving: {err}");
+                    led.push(Err(err.to_string()));
                 }
             }
         }
-        Ok(())
+        Ok(led)
     }
 
     /// Rebuilds `id`'s store from a snapshot (the newest suitable, or `pinned`) while it serves
@@ -419,9 +471,13 @@ impl Partitions {
                 to,
             });
         }
-        if let Err(err) = self.lead(std::slice::from_ref(&partition)).await {
+        let led = match self.lead(std::slice::from_ref(&partition)).await {
+            Ok(mut results) => results.pop().unwrap_or(Ok(())),
+            Err(err) => Err(format!("{err:#}")),
+        };
+        if let Err(err) = led {
             let reason = format!(
-                "restored, but could not take the partition's leadership: {err:#}; restart the node"
+                "restored, but could not take the partition's leadership: {err}; restart the node"
             );
             partition.shutdown().await;
             slot.set(SlotState::Down(reason.clone()));
@@ -449,9 +505,19 @@ impl Partitions {
         if let (true, Some(store)) = (resumable, store) {
             match self.start_processor(slot, store) {
                 Ok(partition) => {
-                    slot.set(SlotState::Running(partition.clone()));
-                    if let Err(e) = self.lead(std::slice::from_ref(&partition)).await {
-                        warn!(partition = %slot.id, "resume after a failed restore: {e:#}");
+                    let led = match self.lead(std::slice::from_ref(&partition)).await {
+                        Ok(mut results) => results.pop().unwrap_or(Ok(())),
+                        Err(err) => Err(format!("{err:#}")),
+                    };
+                    match led {
+                        Ok(()) => slot.set(SlotState::Running(partition)),
+                        Err(e) => {
+                            warn!(partition = %slot.id, "resume after a failed restore: {e}");
+                            partition.shutdown().await;
+                            slot.set(SlotState::Down(format!(
+                                "{err}; resuming the old store failed too: {e}; restart the node"
+                            )));
+                        }
                     }
                     return;
                 }

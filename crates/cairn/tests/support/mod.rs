@@ -22,8 +22,9 @@ impl Server {
         Self::start_with(base_dir, &[], &[])
     }
 
+    /// Starts `cairn` and waits until it listens and has brought its partitions up.
     pub fn start_with(base_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-        Self::start_until(base_dir, args, env, "; data in ")
+        Self::start_until(base_dir, args, env, " partitions serving")
     }
 
     /// Starts `cairn` and waits until a line of its output contains `wait_for` (for crash tests
