@@ -18,6 +18,7 @@
 //! Run: `cargo build --workspace --bins && $CARGO_TARGET_DIR/debug/cairn-snapshot-bench`
 
 use anyhow::Context;
+use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
 use cairn_bench::moto::Moto;
 use cairn_bench::report::{Deciles, MIB, files, progress, secs, size, sync_disks};
 use cairn_partition_store::{
@@ -32,7 +33,6 @@ use futures::{StreamExt, TryStreamExt};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,27 +237,29 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let local_publish = runtime.block_on(publish(&local, &full, "full snapshot -> local"))?;
     progress("plain copy -> local folder");
     let plain_dir = root.join("plain-copy");
-    let local_plain = runtime.block_on(copy_plain(
-        &full_files,
+    let local_plain = runtime.block_on(copy_files(
+        &named(&full_files),
         &plain_dir,
         args.upload_concurrency,
         CopyWay::FsCopy,
+        Syncs::FilesAndFolder,
     ))?;
     std::fs::remove_dir_all(&plain_dir)?;
     progress("plain copy through user space -> local folder");
-    let local_plain_user = runtime.block_on(copy_plain(
-        &full_files,
+    let local_plain_user = runtime.block_on(copy_files(
+        &named(&full_files),
         &plain_dir,
         args.upload_concurrency,
         CopyWay::UserSpace {
             chunk_bytes: repository_options.multipart_part_bytes as usize,
         },
+        Syncs::FilesAndFolder,
     ))?;
     let s3_publish = runtime.block_on(publish(&s3, &full, "full snapshot -> S3 (moto)"))?;
     progress("upload_plain -> S3 (moto)");
     let s3_plain = runtime.block_on(upload_plain(&s3, &full_files, args.upload_concurrency))?;
     progress("hashing the files as publish does first");
-    let hash_only = runtime.block_on(hash_only(&full_files, args.upload_concurrency))?;
+    let hash_only = runtime.block_on(hash_files(&full_files, args.upload_concurrency))?;
     std::fs::remove_dir_all(&full.dir)?;
     std::fs::remove_dir_all(&plain_dir)?;
 
@@ -499,71 +501,6 @@ async fn publish(
     Ok((report, started.elapsed()))
 }
 
-/// How the plain local copy moves bytes.
-#[derive(Clone, Copy)]
-enum CopyWay {
-    /// `std::fs::copy`: `copy_file_range` on Linux, the bytes never reach user space.
-    FsCopy,
-    /// Reads of up to one multipart part into a buffer, each written out, as an upload does.
-    UserSpace { chunk_bytes: usize },
-}
-
-/// Copies `files` into `target` (created) `concurrency` at a time, syncing each copy and the
-/// folder as a local publish does.
-async fn copy_plain(
-    files: &[PathBuf],
-    target: &Path,
-    concurrency: usize,
-    way: CopyWay,
-) -> anyhow::Result<Duration> {
-    std::fs::create_dir_all(target)?;
-    sync_disks();
-    let started = Instant::now();
-    futures::stream::iter(files.iter().cloned())
-        .map(|source| {
-            let target = target.to_path_buf();
-            async move {
-                tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-                    let name = source.file_name().context("a file name")?;
-                    let copy = target.join(name);
-                    match way {
-                        CopyWay::FsCopy => {
-                            std::fs::copy(&source, &copy)
-                                .with_context(|| format!("copy {}", source.display()))?;
-                            std::fs::File::open(&copy)?.sync_all()?;
-                        }
-                        CopyWay::UserSpace { chunk_bytes } => {
-                            let mut input = std::fs::File::open(&source)?;
-                            let mut output = std::fs::File::create(&copy)?;
-                            let mut buffer = vec![0u8; chunk_bytes];
-                            loop {
-                                let mut filled = 0;
-                                while filled < buffer.len() {
-                                    match input.read(&mut buffer[filled..])? {
-                                        0 => break,
-                                        read => filled += read,
-                                    }
-                                }
-                                if filled == 0 {
-                                    break;
-                                }
-                                output.write_all(&buffer[..filled])?;
-                            }
-                            output.sync_all()?;
-                        }
-                    }
-                    std::fs::File::open(&target)?.sync_all()?;
-                    Ok(())
-                })
-                .await?
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect::<()>()
-        .await?;
-    Ok(started.elapsed())
-}
-
 /// Uploads `files` to `plain/<name>` in the repository with `upload_plain`, `concurrency` at a
 /// time.
 async fn upload_plain(
@@ -591,30 +528,19 @@ async fn upload_plain(
     Ok(started.elapsed())
 }
 
-/// Reads and hashes `files` as publish's first pass over each file does (xxh3-128 in 1 MiB
-/// chunks), `concurrency` at a time.
-async fn hash_only(files: &[PathBuf], concurrency: usize) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    futures::stream::iter(files.iter().cloned())
-        .map(|path| async move {
-            tokio::task::spawn_blocking(move || -> anyhow::Result<u128> {
-                let mut file = std::fs::File::open(&path)?;
-                let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-                let mut buffer = vec![0u8; 1024 * 1024];
-                loop {
-                    match file.read(&mut buffer)? {
-                        0 => break,
-                        read => hasher.update(&buffer[..read]),
-                    }
-                }
-                Ok(hasher.digest128())
-            })
-            .await?
+/// Each file with its name, which its plain copy keeps.
+fn named(files: &[PathBuf]) -> Vec<(PathBuf, String)> {
+    files
+        .iter()
+        .map(|f| {
+            let name = f
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (f.clone(), name)
         })
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(started.elapsed())
+        .collect()
 }
 
 fn export_paths(export: &ColumnFamilyExport) -> Vec<PathBuf> {
