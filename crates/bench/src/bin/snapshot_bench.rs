@@ -17,7 +17,10 @@
 //!
 //! Run: `cargo build --workspace --bins && $CARGO_TARGET_DIR/debug/cairn-snapshot-bench`
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
+use cairn_bench::moto::Moto;
+use cairn_bench::report::{Deciles, MIB, files, progress, secs, size, sync_disks};
 use cairn_partition_store::{
     ColumnFamilyExport, PartitionStore, PartitionStoreManager, StoreOptions,
 };
@@ -30,10 +33,7 @@ use futures::{StreamExt, TryStreamExt};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,7 +41,6 @@ const PARTITION: PartitionId = PartitionId(0);
 const CLUSTER: &str = "bench";
 const NODE: &str = "bench";
 const BUCKET: &str = "cairn-snapshot-bench";
-const MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(Parser, Debug)]
 #[command(name = "cairn-snapshot-bench")]
@@ -238,27 +237,29 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let local_publish = runtime.block_on(publish(&local, &full, "full snapshot -> local"))?;
     progress("plain copy -> local folder");
     let plain_dir = root.join("plain-copy");
-    let local_plain = runtime.block_on(copy_plain(
-        &full_files,
+    let local_plain = runtime.block_on(copy_files(
+        &named(&full_files),
         &plain_dir,
         args.upload_concurrency,
         CopyWay::FsCopy,
+        Syncs::FilesAndFolder,
     ))?;
     std::fs::remove_dir_all(&plain_dir)?;
     progress("plain copy through user space -> local folder");
-    let local_plain_user = runtime.block_on(copy_plain(
-        &full_files,
+    let local_plain_user = runtime.block_on(copy_files(
+        &named(&full_files),
         &plain_dir,
         args.upload_concurrency,
         CopyWay::UserSpace {
             chunk_bytes: repository_options.multipart_part_bytes as usize,
         },
+        Syncs::FilesAndFolder,
     ))?;
     let s3_publish = runtime.block_on(publish(&s3, &full, "full snapshot -> S3 (moto)"))?;
     progress("upload_plain -> S3 (moto)");
     let s3_plain = runtime.block_on(upload_plain(&s3, &full_files, args.upload_concurrency))?;
     progress("hashing the files as publish does first");
-    let hash_only = runtime.block_on(hash_only(&full_files, args.upload_concurrency))?;
+    let hash_only = runtime.block_on(hash_files(&full_files, args.upload_concurrency))?;
     std::fs::remove_dir_all(&full.dir)?;
     std::fs::remove_dir_all(&plain_dir)?;
 
@@ -500,71 +501,6 @@ async fn publish(
     Ok((report, started.elapsed()))
 }
 
-/// How the plain local copy moves bytes.
-#[derive(Clone, Copy)]
-enum CopyWay {
-    /// `std::fs::copy`: `copy_file_range` on Linux, the bytes never reach user space.
-    FsCopy,
-    /// Reads of up to one multipart part into a buffer, each written out, as an upload does.
-    UserSpace { chunk_bytes: usize },
-}
-
-/// Copies `files` into `target` (created) `concurrency` at a time, syncing each copy and the
-/// folder as a local publish does.
-async fn copy_plain(
-    files: &[PathBuf],
-    target: &Path,
-    concurrency: usize,
-    way: CopyWay,
-) -> anyhow::Result<Duration> {
-    std::fs::create_dir_all(target)?;
-    sync_disks();
-    let started = Instant::now();
-    futures::stream::iter(files.iter().cloned())
-        .map(|source| {
-            let target = target.to_path_buf();
-            async move {
-                tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-                    let name = source.file_name().context("a file name")?;
-                    let copy = target.join(name);
-                    match way {
-                        CopyWay::FsCopy => {
-                            std::fs::copy(&source, &copy)
-                                .with_context(|| format!("copy {}", source.display()))?;
-                            std::fs::File::open(&copy)?.sync_all()?;
-                        }
-                        CopyWay::UserSpace { chunk_bytes } => {
-                            let mut input = std::fs::File::open(&source)?;
-                            let mut output = std::fs::File::create(&copy)?;
-                            let mut buffer = vec![0u8; chunk_bytes];
-                            loop {
-                                let mut filled = 0;
-                                while filled < buffer.len() {
-                                    match input.read(&mut buffer[filled..])? {
-                                        0 => break,
-                                        read => filled += read,
-                                    }
-                                }
-                                if filled == 0 {
-                                    break;
-                                }
-                                output.write_all(&buffer[..filled])?;
-                            }
-                            output.sync_all()?;
-                        }
-                    }
-                    std::fs::File::open(&target)?.sync_all()?;
-                    Ok(())
-                })
-                .await?
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect::<()>()
-        .await?;
-    Ok(started.elapsed())
-}
-
 /// Uploads `files` to `plain/<name>` in the repository with `upload_plain`, `concurrency` at a
 /// time.
 async fn upload_plain(
@@ -592,39 +528,19 @@ async fn upload_plain(
     Ok(started.elapsed())
 }
 
-/// Reads and hashes `files` as publish's first pass over each file does (xxh3-128 in 1 MiB
-/// chunks), `concurrency` at a time.
-async fn hash_only(files: &[PathBuf], concurrency: usize) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    futures::stream::iter(files.iter().cloned())
-        .map(|path| async move {
-            tokio::task::spawn_blocking(move || -> anyhow::Result<u128> {
-                let mut file = std::fs::File::open(&path)?;
-                let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-                let mut buffer = vec![0u8; 1024 * 1024];
-                loop {
-                    match file.read(&mut buffer)? {
-                        0 => break,
-                        read => hasher.update(&buffer[..read]),
-                    }
-                }
-                Ok(hasher.digest128())
-            })
-            .await?
+/// Each file with its name, which its plain copy keeps.
+fn named(files: &[PathBuf]) -> Vec<(PathBuf, String)> {
+    files
+        .iter()
+        .map(|f| {
+            let name = f
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            (f.clone(), name)
         })
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<_>>()
-        .await?;
-    Ok(started.elapsed())
-}
-
-/// Writes back every dirty page of the machine, so that a timed transfer does not pay for the
-/// writes of the step before it.
-fn sync_disks() {
-    match Command::new("sync").status() {
-        Ok(status) if status.success() => {}
-        other => eprintln!("sync failed ({other:?}); timings may include earlier writes"),
-    }
+        .collect()
 }
 
 fn export_paths(export: &ColumnFamilyExport) -> Vec<PathBuf> {
@@ -696,175 +612,6 @@ fn compaction_between(before: &ColumnFamilyExport, after: &ColumnFamilyExport) -
             files(added.len()),
             size(bytes(&added))
         )
-    }
-}
-
-fn files(n: usize) -> String {
-    if n == 1 {
-        "1 file".into()
-    } else {
-        format!("{n} files")
-    }
-}
-
-fn size(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= 1024.0 * MIB {
-        format!("{:.2} GiB", b / (1024.0 * MIB))
-    } else if b >= MIB {
-        format!("{:.1} MiB", b / MIB)
-    } else if b >= 1024.0 {
-        format!("{:.1} KiB", b / 1024.0)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
-}
-
-/// Progress goes to stderr so that stdout is the report.
-fn progress(what: &str) {
-    eprintln!("[{}] {what}", since_start());
-}
-
-/// Seconds since the first call, for progress lines.
-fn since_start() -> String {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let start = START.get_or_init(Instant::now);
-    format!("{:7.1}s", start.elapsed().as_secs_f64())
-}
-
-/// Prints a progress line at every tenth of `total`.
-struct Deciles {
-    label: String,
-    total: u64,
-    printed: u64,
-}
-
-impl Deciles {
-    fn new(label: &str, total: u64) -> Deciles {
-        Deciles {
-            label: label.to_owned(),
-            total: total.max(1),
-            printed: 0,
-        }
-    }
-
-    fn at(&mut self, done: u64) {
-        let decile = (done.min(self.total) * 10 / self.total).min(10);
-        if decile > self.printed {
-            self.printed = decile;
-            progress(&format!("{}: {}%", self.label, decile * 10));
-        }
-    }
-}
-
-/// Starts moto in a thread of its own, reports the port it bound, then serves until stdin closes.
-const MOTO_SERVER: &str = r#"
-import sys
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print("ready", server.get_host_and_port()[1], flush=True)
-sys.stdin.read()
-server.stop()
-"#;
-
-/// moto's S3 server in a `python3` child. It exits when its stdin (a pipe from this process)
-/// closes, which happens however this process ends; dropping it kills it at once.
-struct Moto {
-    child: Child,
-    _stdin: ChildStdin,
-    port: u16,
-}
-
-impl Moto {
-    /// Starts the server; objects it spills to temporary files go under `tmp`.
-    fn start(tmp: &Path) -> anyhow::Result<Moto> {
-        let log = tmp.join("moto.log");
-        let mut child = Command::new("python3")
-            .arg("-c")
-            .arg(MOTO_SERVER)
-            .env("TMPDIR", tmp)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context(
-                "start python3 for moto's S3 server (install moto: scripts/setup-debian.sh)",
-            )?;
-        let stdin = child.stdin.take().context("moto's stdin")?;
-        let stdout = child.stdout.take().context("moto's stdout")?;
-        let mut first_line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut first_line);
-        let Some(port) = first_line
-            .strip_prefix("ready ")
-            .and_then(|p| p.trim().parse::<u16>().ok())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "moto's S3 server did not start (is moto installed? see scripts/setup-debian.sh); \
-                 its output:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        };
-        let moto = Moto {
-            child,
-            _stdin: stdin,
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !moto
-            .request("GET", "/")
-            .is_ok_and(|response| is_ok(&response))
-        {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "moto does not answer on {}",
-                moto.endpoint()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(moto)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// object_store cannot create buckets, so this speaks HTTP itself; moto checks no signature.
-    fn create_bucket(&self, bucket: &str) -> anyhow::Result<()> {
-        let response = self.request("PUT", &format!("/{bucket}"))?;
-        anyhow::ensure!(is_ok(&response), "create bucket {bucket}: {response}");
-        Ok(())
-    }
-
-    fn request(&self, method: &str, path: &str) -> std::io::Result<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
-             Connection: close\r\n\r\n",
-            self.port
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    }
-}
-
-fn is_ok(response: &str) -> bool {
-    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
