@@ -36,8 +36,21 @@ pub enum Outcome {
     Announced,
 }
 
-/// Records read from the log per round.
+/// Records read from the log per round, at most.
 const READ_BATCH_RECORDS_MAX: usize = 1024;
+
+/// Bytes of records a round aims to hold in memory: rounds of large records read fewer of them,
+/// so a replay of 16 MiB records does not hold 1024 of them at once.
+const READ_BATCH_BYTES_TARGET: usize = 64 * 1024 * 1024;
+
+/// Records to read next, from the average size of the records of the last round.
+fn next_read_len(last_round_bytes: usize, last_round_records: usize) -> usize {
+    if last_round_records == 0 {
+        return READ_BATCH_RECORDS_MAX;
+    }
+    let average = (last_round_bytes / last_round_records).max(1);
+    (READ_BATCH_BYTES_TARGET / average).clamp(1, READ_BATCH_RECORDS_MAX)
+}
 
 /// Asks the processor to export its store between two records, so that the export holds exactly
 /// the effects of the records up to the applied LSN it reports.
@@ -75,12 +88,13 @@ impl Processor {
 
     async fn apply_loop(&mut self) -> Result<()> {
         let partition = self.shared.id;
+        let mut read_len = READ_BATCH_RECORDS_MAX;
         loop {
             while let Ok(request) = self.exports.try_recv() {
                 self.export(request).await;
             }
             let from = self.applied.next();
-            let entries = match self.log.read(from, READ_BATCH_RECORDS_MAX).await {
+            let entries = match self.log.read(from, read_len).await {
                 Ok(entries) => entries,
                 Err(cairn_log::Error::Trimmed { trim_point, .. }) => {
                     return Err(Error::Stopped {
@@ -103,6 +117,7 @@ impl Processor {
                 }
                 continue;
             }
+            read_len = next_read_len(entries.iter().map(|e| e.payload.len()).sum(), entries.len());
             for entry in entries {
                 if entry.lsn != self.applied.next() {
                     return Err(Error::Stopped {
@@ -241,5 +256,20 @@ pub(crate) fn log_error(
         partition,
         context,
         message: err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_of_large_records_read_fewer_records() {
+        assert_eq!(next_read_len(0, 0), READ_BATCH_RECORDS_MAX);
+        assert_eq!(next_read_len(1024 * 100, 1024), READ_BATCH_RECORDS_MAX);
+        // 1 MiB records: 64 per round.
+        assert_eq!(next_read_len(10 << 20, 10), 64);
+        // Records larger than the target: one at a time.
+        assert_eq!(next_read_len(200 << 20, 2), 1);
     }
 }
