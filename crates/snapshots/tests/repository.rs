@@ -431,6 +431,15 @@ async fn a_corrupted_object_fails_verify_naming_the_file(backend: Backend) {
         message.contains("000002.sst") && message.contains(&key) && message.contains("checksum"),
         "{message}"
     );
+    let staging = tempfile::tempdir().unwrap();
+    let err = repo.download(e.id(), staging.path()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::BadFile { name, problem: FileProblem::ChecksumMismatch { .. }, .. }
+            if name == "/000002.sst"),
+        "{err}"
+    );
+    assert!(!staging.path().join("000002.sst").exists());
+    assert!(!staging.path().join("000002.sst.partial").exists());
 
     // Different size.
     repo.object_store()
@@ -486,6 +495,13 @@ async fn a_missing_object_fails_verify_naming_the_file(backend: Backend) {
         message.contains("000002.sst") && message.contains(&key) && message.contains("missing"),
         "{message}"
     );
+    let staging = tempfile::tempdir().unwrap();
+    let err = repo.download(e.id(), staging.path()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::BadFile { name, problem: FileProblem::Missing, .. } if name == "/000002.sst"),
+        "{err}"
+    );
+    assert!(!staging.path().join("000002.sst").exists());
 }
 
 async fn an_unknown_metadata_version_is_refused(backend: Backend) {
