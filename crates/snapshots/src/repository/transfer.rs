@@ -223,6 +223,38 @@ impl SnapshotRepository {
             _ => Ok(()),
         };
 
+        if let (None, super::LatestWriter::LocalLock(fs)) =
+            (&self.rate_limiter, &self.latest_writer)
+        {
+            let target = fs
+                .path_to_filesystem(location)
+                .map_err(|e| self.store_error("upload", location, e))?;
+            let source = path.to_path_buf();
+            let copied =
+                tokio::task::spawn_blocking(move || copy_to_local_object(&source, &target))
+                    .await
+                    .map_err(|e| io("write to the local repository")(std::io::Error::other(e)))?;
+            let (length, checksum, staged) = copied.map_err(io("write to the local repository"))?;
+            if length != size {
+                let _ = std::fs::remove_file(&staged);
+                return Err(changed(format!("its size went from {size} to {length}")));
+            }
+            if let Err(err) = check(checksum) {
+                let _ = std::fs::remove_file(&staged);
+                return Err(err);
+            }
+            let target = fs
+                .path_to_filesystem(location)
+                .map_err(|e| self.store_error("upload", location, e))?;
+            tokio::task::spawn_blocking(move || publish_staged(&staged, &target))
+                .await
+                .map_err(|e| io("write to the local repository")(std::io::Error::other(e)))?
+                .map_err(io("write to the local repository"))?;
+            progress.advance(length);
+            reported.fetch_add(length, Ordering::Relaxed);
+            return Ok((length, checksum));
+        }
+
         if size <= self.multipart_threshold_bytes {
             // Bounded by the threshold, so reading the file whole is fine.
             let owned = path.to_path_buf();
@@ -754,6 +786,73 @@ fn tar_padding_after(size: u64) -> Bytes {
 }
 
 /// Maps an IO error on `path` to [`Error::Io`], for `map_err`.
+/// Copies `source` next to `target` as `<target>#<digits>` (a name object_store's local listing
+/// ignores, as it does its own staged uploads), hashing it in 1 MiB reads, and syncs the copy.
+/// Returns its size, checksum and path; [`publish_staged`] moves it into place. One pass over
+/// the bytes in large reads: object_store's local put goes through 8 KiB writes or whole-file
+/// buffers.
+fn copy_to_local_object(source: &Path, target: &Path) -> std::io::Result<(u64, Checksum, PathBuf)> {
+    use std::io::Write;
+    const CHUNK_BYTES: usize = 1024 * 1024;
+    let parent = target
+        .parent()
+        .ok_or_else(|| std::io::Error::other("an object path has a folder"))?;
+    std::fs::create_dir_all(parent)?;
+    let (mut output, staged) = loop {
+        let mut staged = target.as_os_str().to_owned();
+        staged.push(format!("#{}", rand::random::<u64>()));
+        let staged = PathBuf::from(staged);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&staged)
+        {
+            Ok(file) => break (file, staged),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let result = (|| {
+        let mut input = std::fs::File::open(source)?;
+        let mut hasher = Xxh3::new();
+        let mut size = 0u64;
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        loop {
+            let n = input.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            output.write_all(&buf[..n])?;
+            size += n as u64;
+        }
+        output.sync_all()?;
+        Ok((size, Checksum::from_xxh3_128(hasher.digest128())))
+    })();
+    match result {
+        Ok((size, checksum)) => Ok((size, checksum, staged)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&staged);
+            Err(e)
+        }
+    }
+}
+
+/// Renames a copy made by [`copy_to_local_object`] to `target` and syncs the folders on the way,
+/// so the object survives a power loss once this returns.
+fn publish_staged(staged: &Path, target: &Path) -> std::io::Result<()> {
+    std::fs::rename(staged, target)?;
+    let mut folder = target.parent();
+    // The object's folder and the one above it, which may have just been created.
+    for _ in 0..2 {
+        if let Some(dir) = folder {
+            std::fs::File::open(dir)?.sync_all()?;
+            folder = dir.parent();
+        }
+    }
+    Ok(())
+}
+
 fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
     move |source| Error::Io {
