@@ -220,6 +220,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .canonicalize()
         .with_context(|| format!("resolve base dir {}", config.base_dir.display()))?;
     let lock = lock_base_dir(&base_dir)?;
+    cairn_worker::testing::announce();
 
     let metadata: Arc<dyn MetadataStore> =
         Arc::new(LocalMetadataStore::open(&base_dir.join("metadata.json"))?);

@@ -20,3 +20,18 @@ pub(crate) async fn pause_point(point: &str) {
 
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) async fn pause_point(_point: &str) {}
+
+/// Says at start-up whether `CAIRN_PAUSE_AT` can take effect, so a crash test run against a
+/// binary built without the hooks fails at once instead of waiting for a pause that never comes.
+pub fn announce() {
+    let Ok(point) = std::env::var(PAUSE_AT_ENV) else {
+        return;
+    };
+    if cfg!(feature = "test-hooks") {
+        tracing::warn!("crash-test hooks: this node pauses at {point}");
+    } else {
+        tracing::warn!(
+            "{PAUSE_AT_ENV}={point} is ignored: this binary has no crash-test hooks (build it with the test-hooks feature)"
+        );
+    }
+}

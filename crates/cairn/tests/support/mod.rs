@@ -87,7 +87,8 @@ impl Server {
                 break;
             }
             let exited = child.try_wait().ok().flatten();
-            if exited.is_some() || std::time::Instant::now() > deadline {
+            let no_hooks = output.lock().unwrap().contains("has no crash-test hooks");
+            if exited.is_some() || no_hooks || std::time::Instant::now() > deadline {
                 let _ = child.kill();
                 // Let the readers collect the last lines.
                 std::thread::sleep(Duration::from_millis(200));
