@@ -395,7 +395,10 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     let err = fails(cairnctl(&a, &["kv", "get", &snapshotted[0]]));
     assert!(err.contains("still starting"), "{err}");
     paused.kill();
-    assert!(staging.join("0").exists(), "killed mid-download");
+    assert!(
+        staging.join("0").exists(),
+        "killed with the download in the staging folder"
+    );
 
     let paused = pause("restore-import");
     let output = paused.output();

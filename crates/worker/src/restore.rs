@@ -460,17 +460,13 @@ async fn with_progress<T>(
     let mut ticks = tokio::time::interval(PROGRESS_INTERVAL);
     loop {
         tokio::select! {
-            // The download first: a pause at the first tick then finds it started.
-            biased;
             result = &mut download => {
                 report(total);
+                // The files are in the staging folder and nothing is imported yet.
+                crate::testing::pause_point("restore-download").await;
                 return result;
             }
-            _ = ticks.tick() => {
-                report(dir_bytes(staging).min(total));
-                // Not polled while paused: the download stops where it is.
-                crate::testing::pause_point("restore-download").await;
-            }
+            _ = ticks.tick() => report(dir_bytes(staging).min(total)),
         }
     }
 }

@@ -2,9 +2,12 @@
 //!
 //! With `CAIRN_PAUSE_AT=<point>` in its environment, a node logs `paused at <point>` when it
 //! reaches that point and waits there forever, so a test can SIGKILL it at exactly that moment.
-//! The points: `restore-download` (a restore's download has started), `restore-import` (the
-//! snapshot is imported but the import is not yet marked complete) and `replay-<pid>` (partition
-//! `<pid>`'s processor has applied its first batch of log records). Without the variable these are no-ops.
+//! The points: `restore-download` (a restore's files are downloaded into its staging folder,
+//! not yet imported), `restore-import` (the snapshot is imported but the import is not yet marked
+//! complete) and `replay-<pid>` (partition `<pid>`'s processor has applied its first batch of log
+//! records). Without the variable these are no-ops, and without the `test-hooks` feature (off in
+//! every build but the test suite's) they are not there at all, so no environment can stop a
+//! production node.
 
 /// The environment variable that names the point to pause at.
 pub const PAUSE_AT_ENV: &str = "CAIRN_PAUSE_AT";
