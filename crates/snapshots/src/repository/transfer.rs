@@ -544,7 +544,12 @@ impl SnapshotRepository {
             let out = tokio::fs::File::create(&partial)
                 .await
                 .map_err(io("create", &partial))?;
-            let out = tokio::sync::Mutex::new(out);
+            // Object stores hand out small chunks; each write of a tokio file is a trip through
+            // the blocking pool, so gather them first.
+            let out = tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(
+                DOWNLOAD_BUFFER_BYTES,
+                out,
+            ));
             let size = self
                 .read_file_checked(partition, snapshot_id, file, |chunk| {
                     let out = &out;
@@ -560,6 +565,7 @@ impl SnapshotRepository {
                 .await?;
             let mut out = out.into_inner();
             out.flush().await.map_err(io("write", &partial))?;
+            let out = out.into_inner();
             out.sync_all().await.map_err(io("sync", &partial))?;
             drop(out);
             tokio::fs::rename(&partial, &target)
@@ -852,6 +858,9 @@ fn publish_staged(staged: &Path, target: &Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Bytes a download gathers before it writes to its file.
+const DOWNLOAD_BUFFER_BYTES: usize = 1024 * 1024;
 
 fn io(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
