@@ -668,3 +668,50 @@ async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
     assert_all_there(&a, &before).await;
     assert_all_there(&a, &acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_another_cluster_of_the_same_name_is_refused() {
+    let shared = tempfile::tempdir().unwrap();
+    let repository = shared.path().join("repository");
+    let destination = repository.to_str().unwrap().to_string();
+    let env = [("CAIRN_WORKER__SNAPSHOTS__DESTINATION", destination.as_str())];
+
+    // The first cluster snapshots partition 0 at a low LSN.
+    let first = tempfile::tempdir().unwrap();
+    let theirs = keys_of_partition_0("theirs", 100);
+    let server = Server::start_with(first.path(), &[], &env);
+    put(&server.address, &theirs, 10).await;
+    let snapshot = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    )));
+    server.stop();
+
+    // A new cluster of the same name on a fresh base dir, same repository, and a longer log:
+    // the LSNs match up, the records do not.
+    let second = tempfile::tempdir().unwrap();
+    let ours = keys_of_partition_0("ours", 300);
+    let server = Server::start_with(second.path(), &[], &env);
+    put(&server.address, &ours, 10).await;
+    server.stop();
+    drop_partition_0_with(second.path(), &[], &env);
+
+    let server = Server::start_with(second.path(), &[], &with_on_init(&env));
+    let output = server.output();
+    assert!(
+        output.contains(&snapshot) && output.contains("taken by another cluster"),
+        "{output}"
+    );
+    // It replayed its own complete log instead.
+    assert_all_there(&server.address, &ours).await;
+    let client = client(&server.address).await;
+    let values = client
+        .get(vec![Bytes::from(theirs[0].clone())])
+        .await
+        .unwrap();
+    assert_eq!(
+        values,
+        vec![None],
+        "the other cluster's data must not appear"
+    );
+}

@@ -277,6 +277,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             config.worker.snapshots.num_retained,
             config.worker.snapshots.orphan_grace_period,
         )
+        .with_cluster_created_at(cluster.created_at.clone())
     });
     let _ = std::fs::remove_dir_all(base_dir.join("db-snapshots"));
     let restorer = repository.as_ref().map(|repository| {
@@ -286,6 +287,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             cluster.cluster_name.clone(),
             cluster.num_partitions,
         )
+        .with_cluster_created_at(cluster.created_at.clone())
     });
     let tmp_dir = base_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&tmp_dir);

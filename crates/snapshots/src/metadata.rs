@@ -48,6 +48,11 @@ pub struct SnapshotMetadata {
     pub files: Vec<SnapshotFile>,
     /// The log whose records the snapshot has applied up to `min_applied_lsn`.
     pub log_id: LogId,
+    /// When the cluster that took the snapshot was created: tells apart two clusters of the same
+    /// name (say, one recreated on a reset base dir) whose snapshots share a repository, and
+    /// whose LSNs mean different records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_created_at: Option<String>,
     /// What publishing this snapshot uploaded; absent before it is published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats: Option<PublishStats>,

@@ -83,6 +83,8 @@ pub struct Restorer {
     staging_root: PathBuf,
     cluster_name: String,
     num_partitions: u16,
+    /// When this node's cluster was created; snapshots stamped with another time are refused.
+    cluster_created_at: Option<String>,
 }
 
 impl Restorer {
@@ -97,7 +99,15 @@ impl Restorer {
             staging_root,
             cluster_name,
             num_partitions,
+            cluster_created_at: None,
         }
+    }
+
+    /// Refuses snapshots stamped by a cluster created at another time than `created_at` (a
+    /// cluster of the same name, recreated): their LSNs name other records.
+    pub fn with_cluster_created_at(mut self, created_at: String) -> Self {
+        self.cluster_created_at = Some(created_at);
+        self
     }
 
     pub fn repository(&self) -> &Arc<SnapshotRepository> {
@@ -292,6 +302,14 @@ impl Restorer {
             return Err(format!(
                 "it belongs to cluster {:?}, this node to cluster {:?}",
                 metadata.cluster_name, self.cluster_name
+            ));
+        }
+        if let (Some(theirs), Some(ours)) = (&metadata.cluster_created_at, &self.cluster_created_at)
+            && theirs != ours
+        {
+            return Err(format!(
+                "it was taken by another cluster named {:?}, created at {theirs}; this one was created at {ours}",
+                self.cluster_name
             ));
         }
         if metadata.partition_id != partition {

@@ -54,6 +54,8 @@ pub struct SnapshotProducer {
     num_retained: Option<usize>,
     /// Age after which unreferenced objects in the repository are deleted.
     orphan_grace: Option<Duration>,
+    /// Written into every snapshot's metadata; see [`SnapshotMetadata::cluster_created_at`].
+    cluster_created_at: Option<String>,
 }
 
 impl SnapshotProducer {
@@ -71,7 +73,15 @@ impl SnapshotProducer {
             in_progress: Mutex::new(HashMap::new()),
             num_retained: None,
             orphan_grace: None,
+            cluster_created_at: None,
         }
+    }
+
+    /// Stamps every snapshot with when its cluster was created, so a restore can refuse the
+    /// snapshots of another cluster of the same name.
+    pub fn with_cluster_created_at(mut self, created_at: String) -> Self {
+        self.cluster_created_at = Some(created_at);
+        self
     }
 
     /// Keeps the newest `num_retained` snapshots of each partition; older ones, the files only
@@ -160,7 +170,7 @@ impl SnapshotProducer {
         on_progress: Option<ProgressFn>,
     ) -> Result<CreatedSnapshot> {
         let id = partition.id();
-        let metadata = snapshot_metadata(
+        let mut metadata = snapshot_metadata(
             export,
             snapshot_id,
             id,
@@ -168,6 +178,7 @@ impl SnapshotProducer {
             &self.cluster_name,
             &self.node_name,
         );
+        metadata.cluster_created_at = self.cluster_created_at.clone();
         info!(
             partition = %id,
             %snapshot_id,
@@ -315,6 +326,7 @@ pub fn snapshot_metadata(
             })
             .collect(),
         log_id: LogId::from(partition_id),
+        cluster_created_at: None,
         stats: None,
     }
 }

@@ -141,6 +141,7 @@ pub fn export(partition: u16, lsn: u64, files: &[(&str, Vec<u8>)]) -> Export {
         db_comparator_name: "leveldb.BytewiseComparator".into(),
         files: metadata_files,
         log_id: LogId(partition),
+        cluster_created_at: None,
         stats: None,
     };
     Export {
