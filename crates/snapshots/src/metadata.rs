@@ -93,6 +93,36 @@ pub struct PublishStats {
     pub uploaded_bytes: u64,
 }
 
+/// Checks the `version` of a `metadata.json` or `latest.json` before anything else is decoded: a
+/// future version may change any other field, and its reader must say "unsupported version", not
+/// "missing field". `location` names the object in errors.
+pub(crate) fn check_version(bytes: &[u8], location: &str) -> Result<()> {
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        version: Option<serde_json::Value>,
+    }
+    let probe: VersionOnly =
+        serde_json::from_slice(bytes).map_err(|e| Error::MalformedMetadata {
+            location: location.into(),
+            reason: e.to_string(),
+        })?;
+    match probe.version {
+        Some(serde_json::Value::String(v)) if v == METADATA_VERSION => Ok(()),
+        Some(serde_json::Value::String(found)) => Err(Error::UnsupportedVersion {
+            location: location.into(),
+            found,
+        }),
+        Some(other) => Err(Error::UnsupportedVersion {
+            location: location.into(),
+            found: other.to_string(),
+        }),
+        None => Err(Error::MalformedMetadata {
+            location: location.into(),
+            reason: "it has no `version` field".into(),
+        }),
+    }
+}
+
 impl SnapshotMetadata {
     /// Decodes a `metadata.json`, refusing versions other than V1.
     pub fn from_json(bytes: &[u8]) -> Result<SnapshotMetadata> {
@@ -105,30 +135,7 @@ impl SnapshotMetadata {
             location: location.into(),
             reason,
         };
-        // Look at the version alone first: a future version may change any other field, and its
-        // reader must say "unsupported version", not "missing field".
-        #[derive(Deserialize)]
-        struct VersionOnly {
-            version: Option<serde_json::Value>,
-        }
-        let probe: VersionOnly =
-            serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
-        match probe.version {
-            Some(serde_json::Value::String(v)) if v == METADATA_VERSION => {}
-            Some(serde_json::Value::String(found)) => {
-                return Err(Error::UnsupportedVersion {
-                    location: location.into(),
-                    found,
-                });
-            }
-            Some(other) => {
-                return Err(Error::UnsupportedVersion {
-                    location: location.into(),
-                    found: other.to_string(),
-                });
-            }
-            None => return Err(malformed("it has no `version` field".into())),
-        }
+        check_version(bytes, location)?;
         let metadata: SnapshotMetadata =
             serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
         metadata.validate().map_err(malformed)?;

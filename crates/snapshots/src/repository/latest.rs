@@ -19,7 +19,7 @@
 //! synced.
 
 use super::SnapshotRepository;
-use crate::metadata::{METADATA_VERSION, MetadataVersion};
+use crate::metadata::MetadataVersion;
 use crate::{Error, Result, SnapshotId};
 use cairn_types::{Lsn, PartitionId};
 use object_store::local::LocalFileSystem;
@@ -97,25 +97,7 @@ impl LatestSnapshot {
             location: location.into(),
             reason,
         };
-        #[derive(Deserialize)]
-        struct VersionOnly {
-            version: Option<serde_json::Value>,
-        }
-        let probe: VersionOnly =
-            serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
-        match probe.version {
-            Some(serde_json::Value::String(v)) if v == METADATA_VERSION => {}
-            Some(other) => {
-                return Err(Error::UnsupportedVersion {
-                    location: location.into(),
-                    found: other
-                        .as_str()
-                        .map(str::to_owned)
-                        .unwrap_or(other.to_string()),
-                });
-            }
-            None => return Err(malformed("it has no `version` field".into())),
-        }
+        crate::metadata::check_version(bytes, location)?;
         let latest: LatestSnapshot =
             serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
         match latest.retained.first() {

@@ -247,7 +247,8 @@ impl SnapshotRepository {
             duration,
             metadata,
         };
-        tracing::info!(
+        // The caller reports the publish to the operator (the node does, once per snapshot).
+        tracing::debug!(
             %snapshot_id,
             %partition,
             lsn = %report.min_applied_lsn,

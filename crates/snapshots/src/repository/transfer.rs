@@ -107,24 +107,9 @@ impl Progress {
 /// Size and checksum of a local file, read in chunks on a blocking thread.
 pub(crate) async fn hash_file(path: &Path) -> Result<(u64, Checksum)> {
     let owned = path.to_path_buf();
-    let hashed = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, Checksum)> {
-        let mut file = std::fs::File::open(&owned)?;
-        let mut hasher = Xxh3::new();
-        let mut buffer = vec![0u8; HASH_CHUNK_BYTES];
-        let mut size = 0u64;
-        loop {
-            let read = match file.read(&mut buffer) {
-                Ok(0) => break,
-                Ok(read) => read,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            hasher.update(&buffer[..read]);
-            size += read as u64;
-        }
-        Ok((size, Checksum::from_xxh3_128(hasher.digest128())))
-    })
-    .await;
+    let hashed =
+        tokio::task::spawn_blocking(move || copy_hashing(&mut std::fs::File::open(&owned)?, None))
+            .await;
     match hashed {
         Ok(Ok(hashed)) => Ok(hashed),
         Ok(Err(source)) => Err(Error::Io {
@@ -138,6 +123,62 @@ pub(crate) async fn hash_file(path: &Path) -> Result<(u64, Checksum)> {
             source: std::io::Error::other(join),
         }),
     }
+}
+
+/// Reads `input` to its end in large reads, hashing it and, with `output`, copying it there.
+/// Returns its size and checksum.
+fn copy_hashing(
+    input: &mut impl Read,
+    mut output: Option<&mut std::fs::File>,
+) -> std::io::Result<(u64, Checksum)> {
+    use std::io::Write;
+    let mut hasher = Xxh3::new();
+    let mut buffer = vec![0u8; HASH_CHUNK_BYTES];
+    let mut size = 0u64;
+    loop {
+        let read = match input.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        hasher.update(&buffer[..read]);
+        if let Some(output) = output.as_deref_mut() {
+            output.write_all(&buffer[..read])?;
+        }
+        size += read as u64;
+    }
+    Ok((size, Checksum::from_xxh3_128(hasher.digest128())))
+}
+
+/// Fails, naming the file and its object, if what was read back is not what publish wrote.
+fn check_read(
+    snapshot_id: SnapshotId,
+    file: &SnapshotFile,
+    key: &str,
+    expected: Checksum,
+    size: u64,
+    actual: Checksum,
+) -> Result<()> {
+    let bad = |problem| Error::BadFile {
+        snapshot_id,
+        name: file.name.clone(),
+        key: key.to_string(),
+        problem,
+    };
+    if size != file.size {
+        return Err(bad(FileProblem::SizeMismatch {
+            expected: file.size,
+            actual: size,
+        }));
+    }
+    if actual != expected {
+        return Err(bad(FileProblem::ChecksumMismatch {
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        }));
+    }
+    Ok(())
 }
 
 /// Reads up to `limit` bytes; fewer only at the end of the file.
@@ -414,25 +455,14 @@ impl SnapshotRepository {
             size += chunk.len() as u64;
             sink(chunk).await?;
         }
-        let bad = |problem| Error::BadFile {
+        check_read(
             snapshot_id,
-            name: file.name.clone(),
-            key: key.clone(),
-            problem,
-        };
-        if size != file.size {
-            return Err(bad(FileProblem::SizeMismatch {
-                expected: file.size,
-                actual: size,
-            }));
-        }
-        let actual = Checksum::from_xxh3_128(hasher.digest128());
-        if actual != expected {
-            return Err(bad(FileProblem::ChecksumMismatch {
-                expected: expected.to_string(),
-                actual: actual.to_string(),
-            }));
-        }
+            file,
+            &key,
+            expected,
+            size,
+            Checksum::from_xxh3_128(hasher.digest128()),
+        )?;
         Ok(size)
     }
 
@@ -609,61 +639,30 @@ impl SnapshotRepository {
         partial: PathBuf,
         target: PathBuf,
     ) -> Result<u64> {
-        const CHUNK_BYTES: usize = 1024 * 1024;
         let copy_partial = partial.clone();
-        let copied =
-            tokio::task::spawn_blocking(move || -> std::io::Result<Option<(u64, u128)>> {
-                use std::io::Write;
-                let mut input = match std::fs::File::open(&source) {
-                    Ok(input) => input,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(e),
-                };
-                let mut output = std::fs::File::create(&copy_partial)?;
-                let mut hasher = Xxh3::new();
-                let mut size = 0u64;
-                let mut buf = vec![0u8; CHUNK_BYTES];
-                loop {
-                    let n = input.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    hasher.update(&buf[..n]);
-                    output.write_all(&buf[..n])?;
-                    size += n as u64;
-                }
-                output.sync_all()?;
-                Ok(Some((size, hasher.digest128())))
-            })
-            .await
-            .map_err(|e| Error::Io {
-                context: "copy",
-                path: partial.clone(),
-                source: std::io::Error::other(e),
-            })?;
-        let bad = |problem| Error::BadFile {
-            snapshot_id,
-            name: file.name.clone(),
-            key: key.clone(),
-            problem,
-        };
+        let copied = tokio::task::spawn_blocking(move || {
+            let mut input = match std::fs::File::open(&source) {
+                Ok(input) => input,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let mut output = std::fs::File::create(&copy_partial)?;
+            let copied = copy_hashing(&mut input, Some(&mut output))?;
+            output.sync_all()?;
+            Ok(Some(copied))
+        })
+        .await
+        .map_err(|e| io("copy", &partial)(std::io::Error::other(e)))?;
         let checked = match copied {
             Err(e) => Err(io("copy", &partial)(e)),
-            Ok(None) => Err(bad(FileProblem::Missing)),
-            Ok(Some((size, _))) if size != file.size => Err(bad(FileProblem::SizeMismatch {
-                expected: file.size,
-                actual: size,
-            })),
-            Ok(Some((size, digest))) => {
-                let actual = Checksum::from_xxh3_128(digest);
-                if actual == expected {
-                    Ok(size)
-                } else {
-                    Err(bad(FileProblem::ChecksumMismatch {
-                        expected: expected.to_string(),
-                        actual: actual.to_string(),
-                    }))
-                }
+            Ok(None) => Err(Error::BadFile {
+                snapshot_id,
+                name: file.name.clone(),
+                key,
+                problem: FileProblem::Missing,
+            }),
+            Ok(Some((size, actual))) => {
+                check_read(snapshot_id, file, &key, expected, size, actual).map(|()| size)
             }
         };
         match checked {
@@ -798,8 +797,6 @@ fn tar_padding_after(size: u64) -> Bytes {
 /// the bytes in large reads: object_store's local put goes through 8 KiB writes or whole-file
 /// buffers.
 fn copy_to_local_object(source: &Path, target: &Path) -> std::io::Result<(u64, Checksum, PathBuf)> {
-    use std::io::Write;
-    const CHUNK_BYTES: usize = 1024 * 1024;
     let parent = target
         .parent()
         .ok_or_else(|| std::io::Error::other("an object path has a folder"))?;
@@ -818,23 +815,9 @@ fn copy_to_local_object(source: &Path, target: &Path) -> std::io::Result<(u64, C
             Err(e) => return Err(e),
         }
     };
-    let result = (|| {
-        let mut input = std::fs::File::open(source)?;
-        let mut hasher = Xxh3::new();
-        let mut size = 0u64;
-        let mut buf = vec![0u8; CHUNK_BYTES];
-        loop {
-            let n = input.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            output.write_all(&buf[..n])?;
-            size += n as u64;
-        }
-        output.sync_all()?;
-        Ok((size, Checksum::from_xxh3_128(hasher.digest128())))
-    })();
+    let result = std::fs::File::open(source)
+        .and_then(|mut input| copy_hashing(&mut input, Some(&mut output)))
+        .and_then(|copied| output.sync_all().map(|()| copied));
     match result {
         Ok((size, checksum)) => Ok((size, checksum, staged)),
         Err(e) => {
