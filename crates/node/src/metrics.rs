@@ -153,10 +153,6 @@ impl Metrics {
             .inc();
     }
 
-    pub fn record_restore_failure(&self, partition: impl ToString) {
-        self.record_failure(partition, "restore");
-    }
-
     pub fn set_newest_snapshot(&self, partition: impl ToString, created_at: SystemTime) {
         let unix = created_at
             .duration_since(SystemTime::UNIX_EPOCH)

@@ -216,13 +216,7 @@ impl Partitions {
                 return false;
             }
         };
-        let led = match self.lead(std::slice::from_ref(&partition)).await {
-            Ok(mut results) => results.pop().unwrap_or(Ok(())),
-            Err(err) => Err(format!(
-                "cannot record this node as its leader: {err:#}; restart the node"
-            )),
-        };
-        match led {
+        match self.lead(&partition).await {
             Ok(()) => {
                 slot.set(SlotState::Running(partition));
                 true
@@ -342,7 +336,7 @@ impl Partitions {
                     restored.min_applied_lsn.next()
                 );
             }
-            Err(_) => self.metrics.record_restore_failure(slot.id),
+            Err(_) => self.metrics.record_failure(slot.id, "restore"),
         }
         result
     }
@@ -357,54 +351,40 @@ impl Partitions {
         )
     }
 
-    /// Makes this node the leader of `partitions` at epochs newer than any seen, and waits until
-    /// each has replayed its log up to its announcement. Per partition, whether it leads.
-    async fn lead(
-        &self,
-        partitions: &[Arc<Partition>],
-    ) -> anyhow::Result<Vec<std::result::Result<(), String>>> {
-        let mut seen = Vec::with_capacity(partitions.len());
-        for partition in partitions {
-            let status = partition.status().await;
-            seen.push((
-                partition.id(),
-                status.leader.map(|l| l.epoch).unwrap_or_default(),
-            ));
+    /// Makes this node the leader of `partition` at an epoch newer than any seen, and waits until
+    /// it has replayed its log up to the announcement. `Err` says why it does not lead.
+    async fn lead(&self, partition: &Partition) -> std::result::Result<(), String> {
+        let seen = partition
+            .status()
+            .await
+            .leader
+            .map(|l| l.epoch)
+            .unwrap_or_default();
+        let epoch = take_leadership(self.metadata.as_ref(), &self.node, partition.id(), seen)
+            .await
+            .map(|(version, epoch)| {
+                self.table_version.store(version, Ordering::Relaxed);
+                epoch
+            })
+            .map_err(|err| {
+                format!("cannot record this node as its leader: {err:#}; restart the node")
+            })?;
+        let started = Instant::now();
+        let from = partition.applied_lsn();
+        if let Err(err) = partition.become_leader(epoch).await {
+            error!(partition = %partition.id(), "partition is not serving: {err}");
+            return Err(err.to_string());
         }
-        let (version, table) = take_leadership(self.metadata.as_ref(), &self.node, &seen).await?;
-        self.table_version.store(version, Ordering::Relaxed);
-        let results = futures::future::join_all(partitions.iter().map(|partition| {
-            let epoch = table.partitions[&partition.id()].epoch;
-            async move {
-                let started = Instant::now();
-                let from = partition.applied_lsn();
-                let result = partition.become_leader(epoch).await;
-                (partition, from, started.elapsed(), result)
-            }
-        }))
-        .await;
-        let mut led = Vec::with_capacity(results.len());
-        for (partition, from, took, result) in results {
-            match result {
-                Ok(()) => {
-                    let to = partition.applied_lsn();
-                    if to.0 > from.0 + 1 {
-                        info!(
-                            partition = %partition.id(),
-                            records = to.0 - from.0,
-                            replay_ms = took.as_millis() as u64,
-                            "caught up with the log: applied LSN {from} → {to}"
-                        );
-                    }
-                    led.push(Ok(()));
-                }
-                Err(err) => {
-                    error!(partition = %partition.id(), "partition is not serving: {err}");
-                    led.push(Err(err.to_string()));
-                }
-            }
+        let to = partition.applied_lsn();
+        if to.0 > from.0 + 1 {
+            info!(
+                partition = %partition.id(),
+                records = to.0 - from.0,
+                replay_ms = started.elapsed().as_millis() as u64,
+                "caught up with the log: applied LSN {from} → {to}"
+            );
         }
-        Ok(led)
+        Ok(())
     }
 
     /// Rebuilds `id`'s store from a snapshot (the newest suitable, or `pinned`) while it serves
@@ -471,14 +451,8 @@ impl Partitions {
                 to,
             });
         }
-        let led = match self.lead(std::slice::from_ref(&partition)).await {
-            Ok(mut results) => results.pop().unwrap_or(Ok(())),
-            Err(err) => Err(format!("{err:#}")),
-        };
-        if let Err(err) = led {
-            let reason = format!(
-                "restored, but could not take the partition's leadership: {err}; restart the node"
-            );
+        if let Err(err) = self.lead(&partition).await {
+            let reason = format!("restored, but could not take the partition's leadership: {err}");
             partition.shutdown().await;
             slot.set(SlotState::Down(reason.clone()));
             return Err(Error::Restore {
@@ -505,11 +479,7 @@ impl Partitions {
         if let (true, Some(store)) = (resumable, store) {
             match self.start_processor(slot, store) {
                 Ok(partition) => {
-                    let led = match self.lead(std::slice::from_ref(&partition)).await {
-                        Ok(mut results) => results.pop().unwrap_or(Ok(())),
-                        Err(err) => Err(format!("{err:#}")),
-                    };
-                    match led {
+                    match self.lead(&partition).await {
                         Ok(()) => slot.set(SlotState::Running(partition)),
                         Err(e) => {
                             warn!(partition = %slot.id, "resume after a failed restore: {e}");
@@ -534,13 +504,15 @@ impl Partitions {
     }
 }
 
-/// Records this node as leader of the given partitions at an epoch newer than any the table or
-/// the stores (`seen`) know, so that records of any earlier incarnation are fenced.
+/// Records this node as leader of `partition` at an epoch newer than any the table or its store
+/// (`seen`) know, so that records of any earlier incarnation are fenced. Returns the table's new
+/// version and the epoch.
 async fn take_leadership(
     metadata: &dyn MetadataStore,
     node: &NodeId,
-    seen: &[(PartitionId, Epoch)],
-) -> anyhow::Result<(u64, PartitionTable)> {
+    partition: PartitionId,
+    seen: Epoch,
+) -> anyhow::Result<(u64, Epoch)> {
     loop {
         let (version, mut table) =
             match get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "partition table")
@@ -549,17 +521,20 @@ async fn take_leadership(
                 Some((version, table)) => (Some(version), table),
                 None => (None, PartitionTable::default()),
             };
-        for (id, seen) in seen {
-            let placement = table.partitions.entry(*id).or_insert(PartitionPlacement {
+        let placement = table
+            .partitions
+            .entry(partition)
+            .or_insert(PartitionPlacement {
                 leader: None,
                 epoch: Default::default(),
             });
-            placement.epoch = Epoch(placement.epoch.max(*seen).0 + 1);
-            placement.leader = Some(node.clone());
-        }
+        let epoch = Epoch(placement.epoch.max(seen).0 + 1);
+        placement.epoch = epoch;
+        placement.leader = Some(node.clone());
         let precondition = version.map_or(Precondition::DoesNotExist, Precondition::MatchesVersion);
         match put_typed(metadata, PartitionTable::KEY, &table, precondition).await {
-            Ok(version) => return Ok((version, table)),
+            Ok(version) => return Ok((version, epoch)),
+            // Another partition of this node took its leadership meanwhile: read again.
             Err(cairn_metadata::Error::PreconditionFailed { .. }) => continue,
             Err(err) => return Err(err.into()),
         }

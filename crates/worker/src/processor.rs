@@ -135,7 +135,7 @@ impl Processor {
                 })?;
                 self.apply(entry.lsn, envelope)?;
             }
-            crate::testing::pause_point(&format!("replay-{partition}")).await;
+            crate::testing::pause_point_of("replay", partition).await;
         }
     }
 

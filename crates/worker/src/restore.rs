@@ -76,7 +76,8 @@ pub struct Restored {
     pub skipped: Vec<(SnapshotId, String)>,
 }
 
-/// Restores partitions of one node from its snapshot repository.
+/// Restores partitions of one node from its snapshot repository. What a crash in the middle
+/// leaves, [`repair_interrupted_restore`] repairs.
 pub struct Restorer {
     repository: Arc<SnapshotRepository>,
     /// `<base-dir>/restore-staging`: on the store's file system, so imports are hard links.
@@ -110,25 +111,12 @@ impl Restorer {
         self
     }
 
-    pub fn repository(&self) -> &Arc<SnapshotRepository> {
-        &self.repository
-    }
-
     fn marker(&self, partition: PartitionId) -> PathBuf {
         marker_path(&self.staging_root, partition)
     }
 
     fn staging_dir(&self, partition: PartitionId) -> PathBuf {
         self.staging_root.join(partition.to_string())
-    }
-
-    /// See [`repair_interrupted_restore`].
-    pub fn repair_interrupted(
-        &self,
-        stores: &PartitionStoreManager,
-        partition: PartitionId,
-    ) -> Result<bool> {
-        repair_interrupted_restore(stores, &self.staging_root, partition)
     }
 
     /// Replaces `partition`'s store (if any) with the newest suitable retained snapshot, or with

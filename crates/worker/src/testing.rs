@@ -24,6 +24,14 @@ pub(crate) async fn pause_point(point: &str) {
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) async fn pause_point(_point: &str) {}
 
+/// [`pause_point`] at `<point>-<partition>`. The name is only built when the hooks are there:
+/// the processor passes here once per round of records.
+pub(crate) async fn pause_point_of(point: &str, partition: cairn_types::PartitionId) {
+    if cfg!(feature = "test-hooks") {
+        pause_point(&format!("{point}-{partition}")).await;
+    }
+}
+
 /// Says at start-up whether `CAIRN_PAUSE_AT` can take effect, so a crash test run against a
 /// binary built without the hooks fails at once instead of waiting for a pause that never comes.
 pub fn announce() {
