@@ -4,5 +4,7 @@
 //! Architecture invariant: nothing here measures anything; each binary owns its figures.
 
 pub mod copy;
+// The same moto launcher as the tests'.
+#[path = "../../snapshots/tests/support/moto.rs"]
 pub mod moto;
 pub mod report;

@@ -90,7 +90,12 @@ fn drop_partition_0(base_dir: &Path) {
     drop_partition_0_with(base_dir, &[], &[]);
 }
 
-fn drop_partition_0_with(base_dir: &Path, flags: &[&str], env: &[(&str, &str)]) {
+/// Runs `cairn drop-partition -p 0 -y <flags>` on `base_dir`.
+fn run_drop_partition_0(
+    base_dir: &Path,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     let mut args = vec![
         "drop-partition",
         "--base-dir",
@@ -100,8 +105,11 @@ fn drop_partition_0_with(base_dir: &Path, flags: &[&str], env: &[(&str, &str)]) 
         "-y",
     ];
     args.extend_from_slice(flags);
-    let out = run_cairn(&args, env);
-    let stdout = ok(out);
+    run_cairn(&args, env)
+}
+
+fn drop_partition_0_with(base_dir: &Path, flags: &[&str], env: &[(&str, &str)]) {
+    let stdout = ok(run_drop_partition_0(base_dir, flags, env));
     assert!(
         stdout.contains("Dropped the store of partition 0"),
         "{stdout}"
@@ -208,31 +216,11 @@ async fn a_trim_gap_without_a_repository_keeps_the_partition_down_and_says_why()
         &["-y", "logs", "trim", "-l", "0", "-t", &tail, "--force"],
     ));
     // The offline tool refuses while the node runs.
-    let err = support::stderr(&run_cairn(
-        &[
-            "drop-partition",
-            "--base-dir",
-            dir.path().to_str().unwrap(),
-            "-p",
-            "0",
-            "-y",
-        ],
-        &[],
-    ));
+    let err = fails(run_drop_partition_0(dir.path(), &[], &[]));
     assert!(err.contains("the node must be stopped"), "{err}");
     server.stop();
     // Stopped, it still refuses: the store is the only copy of the trimmed records.
-    let err = support::stderr(&run_cairn(
-        &[
-            "drop-partition",
-            "--base-dir",
-            dir.path().to_str().unwrap(),
-            "-p",
-            "0",
-            "-y",
-        ],
-        &env,
-    ));
+    let err = fails(run_drop_partition_0(dir.path(), &[], &env));
     assert!(
         err.contains("only copy") && err.contains("--force"),
         "{err}"

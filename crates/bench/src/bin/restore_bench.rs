@@ -21,7 +21,7 @@
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
-use cairn_bench::moto::Moto;
+use cairn_bench::moto::MotoServer;
 use cairn_bench::report::{Deciles, files, mib_per_sec, progress, secs, size, sync_disks};
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_log::{LogProvider, LogState, Loglet};
@@ -190,8 +190,8 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
 
     // moto first: a missing moto fails the run before the long build.
     progress("starting moto's S3 server");
-    let moto = Moto::start(root)?;
-    moto.create_bucket(BUCKET)?;
+    let moto = MotoServer::start_in(root);
+    moto.create_named_bucket(BUCKET);
     let s3 = Arc::new(SnapshotRepository::open(
         &format!("s3://{BUCKET}/cairn"),
         RepositoryOptions {

@@ -19,7 +19,7 @@
 
 use anyhow::Context;
 use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
-use cairn_bench::moto::Moto;
+use cairn_bench::moto::MotoServer;
 use cairn_bench::report::{Deciles, MIB, files, progress, secs, size, sync_disks};
 use cairn_partition_store::{
     ColumnFamilyExport, PartitionStore, PartitionStoreManager, StoreOptions,
@@ -150,8 +150,8 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
 
     // moto first: a missing moto fails the run before the long build.
     progress("starting moto's S3 server");
-    let moto = Moto::start(root)?;
-    moto.create_bucket(BUCKET)?;
+    let moto = MotoServer::start_in(root);
+    moto.create_named_bucket(BUCKET);
     let s3 = SnapshotRepository::open(
         &format!("s3://{BUCKET}/cairn"),
         RepositoryOptions {

@@ -1,4 +1,5 @@
-//! moto's S3 server, started once per test binary on a free loopback port.
+//! moto's S3 server on a free loopback port: shared by the tests of one binary (`server()`), or
+//! started by a benchmark for its run (`MotoServer::start_in`).
 //!
 //! The server runs in a `python3` child whose stdin is a pipe from this process. It exits when
 //! that pipe closes, which the operating system does when the test binary exits however it exits
@@ -7,6 +8,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,11 +42,18 @@ pub fn server() -> &'static MotoServer {
 
 impl MotoServer {
     pub fn start() -> MotoServer {
-        let log = std::env::temp_dir().join(format!("cairn-moto-{}.log", std::process::id()));
+        Self::start_in(&std::env::temp_dir())
+    }
+
+    /// Starts a server whose log and spilled objects (moto keeps large ones in temporary files)
+    /// go under `tmp`.
+    pub fn start_in(tmp: &Path) -> MotoServer {
+        let log = tmp.join(format!("cairn-moto-{}.log", std::process::id()));
         let log_file = std::fs::File::create(&log).expect("create moto's log file");
         let mut child = Command::new("python3")
             .arg("-c")
             .arg(SERVER)
+            .env("TMPDIR", tmp)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file)
@@ -105,6 +114,12 @@ impl MotoServer {
             std::process::id(),
             BUCKETS.fetch_add(1, Ordering::SeqCst)
         );
+        self.create_named_bucket(&bucket);
+        bucket
+    }
+
+    /// Creates `bucket`.
+    pub fn create_named_bucket(&self, bucket: &str) {
         let response = self
             .request("PUT", &format!("/{bucket}"))
             .expect("create a bucket in moto");
@@ -112,7 +127,6 @@ impl MotoServer {
             response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
             "creating bucket {bucket} failed: {response}"
         );
-        bucket
     }
 
     fn request(&self, method: &str, path: &str) -> std::io::Result<String> {
