@@ -17,6 +17,7 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use cairn_types::{LogId, Lsn};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 #[cfg(any(test, feature = "test-util"))]
@@ -64,12 +65,46 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The disk holding the log is full (or its quota is used up). The append that met it was
+    /// not acknowledged and left nothing behind; the log accepts appends again by itself once
+    /// there is space, and serves reads meanwhile.
+    #[error(
+        "log {log_id}: the disk holding {} is full ({source}); free space on it: the log accepts \
+         appends again by itself once there is room",
+        path.display()
+    )]
+    DiskFull {
+        log_id: LogId,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("log {log_id}: corrupt data in {path}: {detail}")]
     Corrupt {
         log_id: LogId,
         path: String,
         detail: String,
     },
+    /// The log could not be opened (for instance [`Error::Corrupt`]); every call on it fails
+    /// with why. Lets a node keep its other logs serving.
+    #[error("{source}")]
+    NotOpened {
+        log_id: LogId,
+        #[source]
+        source: Arc<Error>,
+    },
+}
+
+impl Error {
+    /// Whether the error says the disk is full: the caller's request may succeed once space is
+    /// freed, and nothing else is wrong.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::DiskFull { .. } => true,
+            Error::NotOpened { source, .. } => source.is_disk_full(),
+            _ => false,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -80,14 +115,16 @@ pub trait Loglet: Send + Sync + 'static {
     fn log_id(&self) -> LogId;
 
     /// Appends `payloads` as consecutive records and returns the LSN of the last one once all of
-    /// them are durable. An empty batch returns the current tail and writes nothing.
+    /// them are durable. An empty batch returns the current tail and writes nothing. A failed
+    /// append leaves none of its records readable, and does not stop reads or later appends.
     async fn append(&self, payloads: Vec<Bytes>) -> Result<Lsn>;
 
     /// Reads up to `max_records` durable records starting at `from`. Returns an empty vector when
     /// `from` is past the tail. Fails with [`Error::Trimmed`] when `from <= trim_point`.
     async fn read(&self, from: Lsn, max_records: usize) -> Result<Vec<Entry>>;
 
-    /// Waits until the tail is at least `lsn`.
+    /// Waits until the tail is at least `lsn`. Fails only if the log shuts down: a failed append
+    /// (a full disk) does not end the wait, since later appends may succeed.
     async fn wait_for_tail(&self, lsn: Lsn) -> Result<()>;
 
     /// Trims every record up to and including `up_to` (clamped to the tail). The trim point never

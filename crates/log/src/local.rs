@@ -49,22 +49,43 @@
 //!   Such an append was never acknowledged, so keeping a valid prefix of it, or none of it, are
 //!   both correct outcomes.
 //! - Before the writer starts a new segment it syncs the previous one. So the only segment that
-//!   can hold an unsynced, possibly torn tail is the last one. Recovery cuts the last segment at
-//!   its first record that is short, fails its checksum or carries an unexpected LSN, and trusts
-//!   nothing after it. The same damage in an older segment cannot come from a crash, so recovery
-//!   refuses it as [`Error::Corrupt`] instead of silently dropping acknowledged records. The
-//!   price: a bit flip in an acknowledged record of the last segment looks like a torn write and
-//!   is cut as well. Recovery logs a warning with the number of bytes it dropped.
+//!   can hold an unsynced, possibly torn tail is the last one; damage in an older segment cannot
+//!   come from a crash, and recovery refuses it as [`Error::Corrupt`].
+//! - In the last segment, recovery reads records until the first one that is short, fails its
+//!   checksum or carries an unexpected LSN (the bad spot), then decides between two causes:
+//!   - A torn tail: an incomplete final write. It has nothing valid after the bad spot, because
+//!     nothing was written after the write that tore. Recovery cuts the segment at the bad spot
+//!     and logs a warning with the number of bytes it dropped; those records were never
+//!     acknowledged.
+//!   - Corruption: a well-formed record follows the bad spot. Recovery scans every byte offset
+//!     after it for a header whose LSN is plausible there (at least the bad record's LSN, and no
+//!     further ahead than the bytes between could hold records of at least a header each) and
+//!     whose checksum over length, LSN and payload matches. Finding one means the bad record was
+//!     written and later damaged (a bit flip, a bad sector), and cutting there would silently
+//!     drop acknowledged records after it. Recovery refuses to open the log, naming the file,
+//!     the offset and the LSN of the bad record and where the valid one follows.
+//!
+//!   The price of that rule: a crash in the middle of a batch whose pages reached the disk out
+//!   of order (a hole, then valid records of the same never-acknowledged batch) is also refused,
+//!   and needs an operator, where cutting would have been correct. A false alarm that stops one
+//!   log is preferred to silently losing acknowledged writes; random bytes pass the plausibility
+//!   check and a 32-bit checksum at one offset with a chance of about 2^-32, so garbage alone
+//!   does not make a torn tail look like corruption.
 //! - The trim point is written to a temporary file, synced, renamed over `trim-point` and the
 //!   directory synced. Rename is atomic, so the file holds the old or the new trim point, never a
 //!   mix. Segments are deleted only after the new trim point is durable; a crash between the two
 //!   leaves segments that recovery recognises as wholly trimmed and deletes. That ordering is also
 //!   why the tail survives trimming everything: with no segment left, recovery takes the tail from
 //!   the trim point and the next segment starts at `trim_point + 1`.
-//! - If a write or sync fails, the writer stops accepting appends for good. After a failed
-//!   `fsync` the kernel may have dropped the dirty pages while reporting them clean, so retrying
-//!   could acknowledge data that is not on disk. Reopening the log (in a new provider) runs
-//!   recovery, which finds out what really is there.
+//! - If a write or sync fails (a full disk, a failing device), the writer fails that batch (never
+//!   acknowledged), deletes the segments it created, truncates the last segment back to its
+//!   durable length and syncs. Its bytes are never synced again and acknowledged: after a failed
+//!   `fsync` the kernel may have dropped dirty pages while calling them clean, so they are cut
+//!   and later appends write afresh. The durable prefix was synced before and does not depend on
+//!   the failed call. If the cut fails too, every later append or trim tries it again first and
+//!   is refused until it succeeds; the log never needs reopening to write again. A full disk or
+//!   quota fails appends with [`Error::DiskFull`], naming the log's directory. Reads of the
+//!   durable prefix go on throughout.
 //! - With [`LocalLogOptions::fsync`] off, nothing is synced: acknowledged records survive a
 //!   process crash (they are in the page cache) but not a machine crash. Meant for tests.
 
@@ -238,10 +259,40 @@ struct Shared {
     options: LocalLogOptions,
     state: Mutex<State>,
     durable: watch::Sender<Durable>,
-    /// Set once the writer failed; the error every later request gets.
-    failure: Mutex<Option<(io::ErrorKind, String)>>,
-    /// How many batches the writer committed. Lets tests see that group commit happens.
+    /// How many batches the writer committed, so that tests can see group commit happen.
+    #[cfg(any(test, feature = "test-util"))]
     batches: AtomicU64,
+    /// Faults the writer's IO meets on purpose, for tests of its error handling.
+    #[cfg(any(test, feature = "test-util"))]
+    faults: Arc<Faults>,
+}
+
+/// Faults injected into a log writer's IO (feature `test-util`): each flag makes the matching
+/// call fail, as a full disk or a failing device would, until it is cleared.
+#[cfg(any(test, feature = "test-util"))]
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Writes hand half of their bytes to the file, then fail with "no space left on device".
+    pub disk_full: std::sync::atomic::AtomicBool,
+    /// `fdatasync` of a segment fails with an I/O error.
+    pub sync_fails: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(any(test, feature = "test-util"))]
+impl Faults {
+    fn check_write(&self) -> io::Result<()> {
+        if self.disk_full.load(Ordering::SeqCst) {
+            return Err(io::Error::from(io::ErrorKind::StorageFull));
+        }
+        Ok(())
+    }
+
+    fn check_sync(&self) -> io::Result<()> {
+        if self.sync_fails.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected fdatasync failure"));
+        }
+        Ok(())
+    }
 }
 
 struct State {
@@ -270,7 +321,8 @@ struct Segment {
 #[derive(Debug, Clone, Copy)]
 struct Durable {
     tail: u64,
-    /// False once the writer stopped (shut down or failed); nobody will move the tail any more.
+    /// False once the writer stopped (the log was dropped, or the writer panicked); nobody will
+    /// move the tail any more.
     writer_running: bool,
 }
 
@@ -302,8 +354,10 @@ impl LocalLoglet {
                 segments: recovered.segments,
             }),
             durable,
-            failure: Mutex::new(None),
+            #[cfg(any(test, feature = "test-util"))]
             batches: AtomicU64::new(0),
+            #[cfg(any(test, feature = "test-util"))]
+            faults: Arc::default(),
             options,
         });
         let (requests, queue) = mpsc::channel(shared.options.queue_depth_max);
@@ -313,6 +367,7 @@ impl LocalLoglet {
             active: recovered.active,
             tail: recovered.tail,
             buf: Vec::new(),
+            failed: None,
         };
         let handle = thread::Builder::new()
             .name(format!("cairn-log-{log_id}"))
@@ -344,9 +399,16 @@ impl LocalLoglet {
         answer.await.map_err(|_| Error::Shutdown { log_id })?
     }
 
-    #[cfg(test)]
-    fn batches(&self) -> u64 {
+    /// How many batches (syncs) the writer committed.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn batches(&self) -> u64 {
         self.shared.batches.load(Ordering::Relaxed)
+    }
+
+    /// The faults its writer's IO meets from now on.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn faults(&self) -> Arc<Faults> {
+        self.shared.faults.clone()
     }
 }
 
@@ -447,26 +509,32 @@ struct ReadSpan {
 }
 
 impl Shared {
-    fn io(&self, context: &'static str) -> impl FnOnce(io::Error) -> Error {
-        let log_id = self.log_id;
-        move |source| Error::Io {
-            log_id,
-            context,
-            source,
+    /// The error for a request that the writer will not serve any more: it only stops when the
+    /// log is dropped (or it panicked).
+    fn stopped_error(&self) -> Error {
+        Error::Shutdown {
+            log_id: self.log_id,
         }
     }
 
-    /// The error for a request that the writer will not serve any more.
-    fn stopped_error(&self) -> Error {
-        match &*self.failure.lock() {
-            Some((kind, message)) => Error::Io {
+    /// The error of a failed write: [`Error::DiskFull`] for a full disk or quota, so that callers
+    /// can tell it from a failing device.
+    fn write_error(&self, context: &'static str, source: io::Error) -> Error {
+        if matches!(
+            source.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        ) {
+            Error::DiskFull {
                 log_id: self.log_id,
-                context: "the log writer stopped after an I/O error; reopen the log",
-                source: io::Error::new(*kind, message.clone()),
-            },
-            None => Error::Shutdown {
+                path: self.dir.clone(),
+                source,
+            }
+        } else {
+            Error::Io {
                 log_id: self.log_id,
-            },
+                context,
+                source,
+            }
         }
     }
 
@@ -565,6 +633,9 @@ struct Writer {
     tail: u64,
     /// Encoded records not yet handed to the kernel; reused between batches.
     buf: Vec<u8>,
+    /// Why the files may hold more than the durable prefix: a write or sync failed and cutting
+    /// its leftovers failed too. Every request first tries again to cut them.
+    failed: Option<(&'static str, io::Error)>,
 }
 
 impl Writer {
@@ -596,22 +667,18 @@ impl Writer {
         }
     }
 
-    fn failed(&self) -> bool {
-        self.shared.failure.lock().is_some()
-    }
-
     fn serve_appends(&mut self, appends: Vec<(Vec<Bytes>, oneshot::Sender<Result<Lsn>>)>) {
         if appends.is_empty() {
             return;
         }
-        if self.failed() {
-            for (_, reply) in appends {
-                let _ = reply.send(Err(self.shared.stopped_error()));
+        let result = match self.repair() {
+            Ok(()) => {
+                let batch: Vec<&[Bytes]> = appends.iter().map(|(p, _)| p.as_slice()).collect();
+                self.write_batch(&batch)
             }
-            return;
-        }
-        let batch: Vec<&[Bytes]> = appends.iter().map(|(p, _)| p.as_slice()).collect();
-        match self.write_batch(&batch) {
+            Err(failure) => Err(failure),
+        };
+        match result {
             Ok(lasts) => {
                 for ((_, reply), last) in appends.into_iter().zip(lasts) {
                     // The caller may have given up waiting; the records are durable regardless.
@@ -621,25 +688,103 @@ impl Writer {
             Err((context, error)) => {
                 tracing::error!(
                     log_id = %self.shared.log_id, %error, context,
-                    "log write failed; the log refuses further appends until it is reopened"
+                    "log write failed; the batch is refused and its bytes are cut from the log"
                 );
-                *self.shared.failure.lock() = Some((error.kind(), format!("{context}: {error}")));
-                self.shared
-                    .durable
-                    .send_modify(|d| d.writer_running = false);
+                let (kind, message) = (error.kind(), error.to_string());
                 let mut source = Some(error);
                 for (_, reply) in appends {
-                    let source = source.take().unwrap_or_else(|| {
-                        io::Error::other("an earlier write of the batch failed")
-                    });
-                    let _ = reply.send(Err(Error::Io {
-                        log_id: self.shared.log_id,
-                        context,
-                        source,
-                    }));
+                    let source = source
+                        .take()
+                        .unwrap_or_else(|| io::Error::new(kind, message.clone()));
+                    let _ = reply.send(Err(self.shared.write_error(context, source)));
+                }
+                if let Err((context, error)) = self.cut_unpublished() {
+                    tracing::error!(
+                        log_id = %self.shared.log_id, %error, context,
+                        "cannot cut the bytes of a failed write; appends are refused until it can"
+                    );
+                    self.failed = Some((context, error));
                 }
             }
         }
+    }
+
+    /// After a failed write whose leftovers could not be cut: tries again. `Err` is why appends
+    /// and trims are refused for now.
+    fn repair(&mut self) -> Result<(), (&'static str, io::Error)> {
+        if self.failed.is_none() {
+            return Ok(());
+        }
+        self.cut_unpublished()?;
+        tracing::info!(log_id = %self.shared.log_id, "the log accepts appends again");
+        self.failed = None;
+        Ok(())
+    }
+
+    /// Brings the files back to what readers see (the durable prefix): deletes segments that
+    /// the failed batch created, truncates the last one to its published length and syncs. The
+    /// published prefix was synced before, so nothing acknowledged depends on a failed `fsync`;
+    /// the failed batch's bytes are never synced and acknowledged later (after a failed `fsync`
+    /// the kernel may have dropped them while calling them clean), they are cut and written anew.
+    fn cut_unpublished(&mut self) -> Result<(), (&'static str, io::Error)> {
+        self.buf.clear();
+        self.active = None;
+        // Segments past the tail hold nothing published. They leave the state only once their
+        // files are gone, so that a repair that fails half-way finds them again.
+        let (unpublished, last) = {
+            let state = self.shared.state.lock();
+            let tail = state.tail;
+            let unpublished: Vec<PathBuf> = state
+                .segments
+                .iter()
+                .filter(|s| s.first_lsn > tail)
+                .map(|s| s.path.clone())
+                .collect();
+            let last = state
+                .segments
+                .iter()
+                .rev()
+                .find(|s| s.first_lsn <= tail)
+                .map(|s| (s.first_lsn, s.len, s.path.clone()));
+            (unpublished, last)
+        };
+        for path in &unpublished {
+            match fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(("deleting a segment of a failed write", e));
+                }
+                _ => {}
+            }
+        }
+        if !unpublished.is_empty() {
+            let mut state = self.shared.state.lock();
+            let tail = state.tail;
+            while state.segments.back().is_some_and(|s| s.first_lsn > tail) {
+                state.segments.pop_back();
+            }
+            drop(state);
+            if self.shared.options.fsync {
+                sync_dir(&self.shared.dir).map_err(|e| ("syncing the log directory", e))?;
+            }
+        }
+        if let Some((first_lsn, len, path)) = last {
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| ("reopening the last segment", e))?;
+            file.set_len(len)
+                .map_err(|e| ("cutting a failed write from a segment", e))?;
+            if self.shared.options.fsync {
+                file.sync_data()
+                    .map_err(|e| ("cutting a failed write from a segment", e))?;
+            }
+            self.active = Some(Active {
+                file,
+                first_lsn,
+                written: len,
+            });
+        }
+        Ok(())
     }
 
     /// Writes and syncs the batch, then publishes it. Returns the last LSN of each append.
@@ -713,6 +858,7 @@ impl Writer {
         }
         self.tail = tail;
         self.shared.durable.send_modify(|d| d.tail = tail);
+        #[cfg(any(test, feature = "test-util"))]
         self.shared.batches.fetch_add(1, Ordering::Relaxed);
         Ok(lasts)
     }
@@ -725,6 +871,13 @@ impl Writer {
             .active
             .as_mut()
             .expect("records are only buffered for an active segment");
+        #[cfg(any(test, feature = "test-util"))]
+        if let Err(e) = self.shared.faults.check_write() {
+            // A full disk takes part of a write before it refuses the rest.
+            let half = &self.buf[..self.buf.len() / 2];
+            let _ = active.file.write_all_at(half, active.written);
+            return Err(("writing a segment", e));
+        }
         active
             .file
             .write_all_at(&self.buf, active.written)
@@ -736,10 +889,17 @@ impl Writer {
 
     fn sync_active(&mut self) -> Result<(), (&'static str, io::Error)> {
         match &self.active {
-            Some(active) if self.shared.options.fsync => active
-                .file
-                .sync_data()
-                .map_err(|e| ("syncing a segment", e)),
+            Some(active) if self.shared.options.fsync => {
+                #[cfg(any(test, feature = "test-util"))]
+                self.shared
+                    .faults
+                    .check_sync()
+                    .map_err(|e| ("syncing a segment", e))?;
+                active
+                    .file
+                    .sync_data()
+                    .map_err(|e| ("syncing a segment", e))
+            }
             _ => Ok(()),
         }
     }
@@ -756,10 +916,15 @@ impl Writer {
             .create_new(true)
             .open(&path)
             .map_err(|e| ("creating a segment", e))?;
-        if self.shared.options.fsync {
-            sync_dir(&self.shared.dir).map_err(|e| ("syncing the log directory", e))?;
-        }
-        let reader = File::open(&path).map_err(|e| ("opening a segment for reads", e))?;
+        let reader = match File::open(&path) {
+            Ok(reader) => reader,
+            Err(e) => {
+                // Not registered yet, so a repair would not find it to delete.
+                let _ = fs::remove_file(&path);
+                return Err(("opening a segment for reads", e));
+            }
+        };
+        // Registered before anything else can fail, so that a failed batch's repair finds it.
         self.shared.state.lock().segments.push_back(Segment {
             first_lsn,
             last_lsn: first_lsn - 1,
@@ -768,26 +933,28 @@ impl Writer {
             path,
             file: Arc::new(reader),
         });
-        tracing::debug!(log_id = %self.shared.log_id, first_lsn, "started a new log segment");
         self.active = Some(Active {
             file,
             first_lsn,
             written: 0,
         });
+        if self.shared.options.fsync {
+            sync_dir(&self.shared.dir).map_err(|e| ("syncing the log directory", e))?;
+        }
+        tracing::debug!(log_id = %self.shared.log_id, first_lsn, "started a new log segment");
         Ok(())
     }
 
     fn serve_trim(&mut self, up_to: u64) -> Result<()> {
-        if self.failed() {
-            return Err(self.shared.stopped_error());
-        }
+        self.repair()
+            .map_err(|(context, e)| self.shared.write_error(context, e))?;
         let current = self.shared.state.lock().trim_point;
         let trim_point = up_to.min(self.tail);
         if trim_point <= current {
             return Ok(());
         }
         write_trim_point(&self.shared.dir, trim_point, self.shared.options.fsync)
-            .map_err(self.shared.io("persisting the trim point"))?;
+            .map_err(|e| self.shared.write_error("persisting the trim point", e))?;
         let removed: Vec<Segment> = {
             let mut state = self.shared.state.lock();
             state.trim_point = trim_point;
@@ -1023,111 +1190,20 @@ struct Recovered {
 /// Brings a log directory back to a consistent state and loads what readers and the writer need.
 /// Blocking.
 fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recovered> {
-    let io_err = |context: &'static str| {
-        move |source| Error::Io {
-            log_id,
-            context,
-            source,
-        }
-    };
-    let corrupt = |path: &Path, detail: String| Error::Corrupt {
-        log_id,
-        path: path.display().to_string(),
-        detail,
-    };
-
-    create_dir_durably(dir, options.fsync).map_err(io_err("creating the log directory"))?;
-
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join(LOCK_FILE))
-        .map_err(io_err("opening the lock file"))?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(fs::TryLockError::WouldBlock) => {
-            return Err(Error::Io {
-                log_id,
-                context: "locking the log directory",
-                source: io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!("{} is in use by another open log provider", dir.display()),
-                ),
-            });
-        }
-        Err(fs::TryLockError::Error(e)) => return Err(io_err("locking the log directory")(e)),
-    }
-
-    // A leftover temporary file is a trim that crashed before its rename: it never happened.
-    match fs::remove_file(dir.join(TRIM_POINT_TMP_FILE)) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(io_err("removing a stale temporary trim point")(e));
-        }
-        _ => {}
-    }
-    let trim_path = dir.join(TRIM_POINT_FILE);
-    let trim_point = match fs::read(&trim_path) {
-        Ok(content) => {
-            let (value, crc) = content
-                .split_first_chunk::<8>()
-                .and_then(|(v, rest)| Some((v, <[u8; 4]>::try_from(rest).ok()?)))
-                .ok_or_else(|| {
-                    corrupt(
-                        &trim_path,
-                        format!("expected 12 bytes, found {}", content.len()),
-                    )
-                })?;
-            if crc32c::crc32c(value) != u32::from_le_bytes(crc) {
-                return Err(corrupt(&trim_path, "checksum mismatch".into()));
-            }
-            u64::from_le_bytes(*value)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(io_err("reading the trim point")(e)),
-    };
-
-    let mut files = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err("listing the log directory"))? {
-        let entry = entry.map_err(io_err("listing the log directory"))?;
-        let name = entry.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(SEGMENT_SUFFIX)) else {
-            continue;
-        };
-        let path = entry.path();
-        match stem.parse::<u64>() {
-            Ok(first_lsn) if first_lsn > 0 => files.push((first_lsn, path)),
-            _ => return Err(corrupt(&path, "not a valid segment file name".into())),
-        }
-    }
-    files.sort_unstable_by_key(|(first_lsn, _)| *first_lsn);
-
-    let remove = |path: &Path| {
-        fs::remove_file(path).map_err(io_err("deleting a trimmed segment"))?;
-        tracing::info!(log_id = %log_id, path = %path.display(), "deleted a trimmed log segment");
-        Ok::<_, Error>(())
-    };
-
-    // A segment followed by one that starts at or below `trim_point + 1` holds only trimmed
-    // records: a trim crashed before deleting it. Deleting it without reading it also means that
-    // damage in data nobody can read any more does not stop the log from opening.
-    let mut kept = Vec::with_capacity(files.len());
-    for (i, (first_lsn, path)) in files.iter().enumerate() {
-        match files.get(i + 1) {
-            Some((next_first, _)) if *next_first <= trim_point + 1 => remove(path)?,
-            _ => kept.push((*first_lsn, path.clone())),
-        }
-    }
+    create_dir_durably(dir, options.fsync).map_err(io_err(log_id, "creating the log directory"))?;
+    let lock = lock_dir(log_id, dir)?;
+    let trim_point = read_trim_point(log_id, dir)?;
+    let files = segments_to_recover(log_id, dir, trim_point)?;
 
     let mut segments: VecDeque<Segment> = VecDeque::new();
     let mut last_file = None;
-    let count = kept.len();
-    for (i, (first_lsn, path)) in kept.into_iter().enumerate() {
-        let is_last = i + 1 == count;
+    let count = files.len();
+    for (i, (first_lsn, path)) in files.into_iter().enumerate() {
         if let Some(previous) = segments.back()
             && first_lsn != previous.last_lsn + 1
         {
             return Err(corrupt(
+                log_id,
                 &path,
                 format!(
                     "the previous segment ends at LSN {}, but this one starts at LSN {first_lsn}",
@@ -1135,57 +1211,9 @@ fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recov
                 ),
             ));
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(is_last)
-            .open(&path)
-            .map_err(io_err("opening a segment"))?;
-        let file_len = file
-            .metadata()
-            .map_err(io_err("reading the size of a segment"))?
-            .len();
-        let mut reader = SegmentReader::new(&file, file_len);
-        let mut index = Vec::new();
-        let mut lsn = first_lsn;
-        let mut offset = 0;
-        while offset < file_len {
-            match read_record(&mut reader, offset, lsn, true) {
-                Ok((next, _)) => {
-                    if (lsn - first_lsn).is_multiple_of(INDEX_INTERVAL) {
-                        index.push(offset);
-                    }
-                    offset = next;
-                    lsn += 1;
-                }
-                // Only the last segment can end in bytes that were never synced (the writer
-                // syncs a segment before starting the next), so only there is damage a crash.
-                Err(RecordError::Invalid(detail)) if is_last => {
-                    tracing::warn!(
-                        log_id = %log_id, path = %path.display(), offset,
-                        dropped_bytes = file_len - offset, %detail,
-                        "truncating the torn tail of the log (records that were never acknowledged)"
-                    );
-                    file.set_len(offset)
-                        .map_err(io_err("truncating the torn tail of a segment"))?;
-                    if options.fsync {
-                        file.sync_data()
-                            .map_err(io_err("truncating the torn tail of a segment"))?;
-                    }
-                    break;
-                }
-                Err(e) => return Err(e.into_error(log_id, &path, offset, "recovering a segment")),
-            }
-        }
-        drop(reader);
-        let reader = File::open(&path).map_err(io_err("opening a segment for reads"))?;
-        segments.push_back(Segment {
-            first_lsn,
-            last_lsn: lsn - 1,
-            len: offset,
-            index,
-            path,
-            file: Arc::new(reader),
-        });
+        let is_last = i + 1 == count;
+        let (segment, file) = recover_segment(log_id, path, first_lsn, is_last, options)?;
+        segments.push_back(segment);
         if is_last {
             last_file = Some(file);
         }
@@ -1200,12 +1228,13 @@ fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recov
         if segments.is_empty() {
             last_file = None;
         }
-        remove(&segment.path)?;
+        remove_trimmed(log_id, &segment.path)?;
     }
     if let Some(first) = segments.front()
         && first.first_lsn > trim_point + 1
     {
         return Err(corrupt(
+            log_id,
             &first.path,
             format!(
                 "the log continues after the trim point {trim_point}, but its first segment \
@@ -1233,6 +1262,230 @@ fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recov
         active,
         lock,
     })
+}
+
+fn io_err(log_id: LogId, context: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Io {
+        log_id,
+        context,
+        source,
+    }
+}
+
+fn corrupt(log_id: LogId, path: &Path, detail: String) -> Error {
+    Error::Corrupt {
+        log_id,
+        path: path.display().to_string(),
+        detail,
+    }
+}
+
+/// Takes the directory's `flock`, so that two providers never write one log.
+fn lock_dir(log_id: LogId, dir: &Path) -> Result<File> {
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(LOCK_FILE))
+        .map_err(io_err(log_id, "opening the lock file"))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(Error::Io {
+            log_id,
+            context: "locking the log directory",
+            source: io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is in use by another open log provider", dir.display()),
+            ),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io_err(log_id, "locking the log directory")(e)),
+    }
+}
+
+/// The durable trim point (0 if the log was never trimmed).
+fn read_trim_point(log_id: LogId, dir: &Path) -> Result<u64> {
+    // A leftover temporary file is a trim that crashed before its rename: it never happened.
+    match fs::remove_file(dir.join(TRIM_POINT_TMP_FILE)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(io_err(log_id, "removing a stale temporary trim point")(e));
+        }
+        _ => {}
+    }
+    let trim_path = dir.join(TRIM_POINT_FILE);
+    match fs::read(&trim_path) {
+        Ok(content) => {
+            let (value, crc) = content
+                .split_first_chunk::<8>()
+                .and_then(|(v, rest)| Some((v, <[u8; 4]>::try_from(rest).ok()?)))
+                .ok_or_else(|| {
+                    corrupt(
+                        log_id,
+                        &trim_path,
+                        format!("expected 12 bytes, found {}", content.len()),
+                    )
+                })?;
+            if crc32c::crc32c(value) != u32::from_le_bytes(crc) {
+                return Err(corrupt(log_id, &trim_path, "checksum mismatch".into()));
+            }
+            Ok(u64::from_le_bytes(*value))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io_err(log_id, "reading the trim point")(e)),
+    }
+}
+
+/// The segment files to read, by first LSN. Deletes those that hold only trimmed records.
+fn segments_to_recover(log_id: LogId, dir: &Path, trim_point: u64) -> Result<Vec<(u64, PathBuf)>> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(log_id, "listing the log directory"))? {
+        let entry = entry.map_err(io_err(log_id, "listing the log directory"))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(SEGMENT_SUFFIX)) else {
+            continue;
+        };
+        let path = entry.path();
+        match stem.parse::<u64>() {
+            Ok(first_lsn) if first_lsn > 0 => files.push((first_lsn, path)),
+            _ => {
+                return Err(corrupt(
+                    log_id,
+                    &path,
+                    "not a valid segment file name".into(),
+                ));
+            }
+        }
+    }
+    files.sort_unstable_by_key(|(first_lsn, _)| *first_lsn);
+
+    // A segment followed by one that starts at or below `trim_point + 1` holds only trimmed
+    // records: a trim crashed before deleting it. Deleting it without reading it also means that
+    // damage in data nobody can read any more does not stop the log from opening.
+    let mut kept = Vec::with_capacity(files.len());
+    for (i, (first_lsn, path)) in files.iter().enumerate() {
+        match files.get(i + 1) {
+            Some((next_first, _)) if *next_first <= trim_point + 1 => {
+                remove_trimmed(log_id, path)?;
+            }
+            _ => kept.push((*first_lsn, path.clone())),
+        }
+    }
+    Ok(kept)
+}
+
+fn remove_trimmed(log_id: LogId, path: &Path) -> Result<()> {
+    fs::remove_file(path).map_err(io_err(log_id, "deleting a trimmed segment"))?;
+    tracing::info!(log_id = %log_id, path = %path.display(), "deleted a trimmed log segment");
+    Ok(())
+}
+
+/// Reads one segment through, building its index. Decides what damage means: in the last
+/// segment, a torn tail (cut) or corruption (refused); anywhere else, corruption. Returns the
+/// segment as readers see it and the file, opened for writing if it is the last.
+fn recover_segment(
+    log_id: LogId,
+    path: PathBuf,
+    first_lsn: u64,
+    is_last: bool,
+    options: &LocalLogOptions,
+) -> Result<(Segment, File)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(is_last)
+        .open(&path)
+        .map_err(io_err(log_id, "opening a segment"))?;
+    let file_len = file
+        .metadata()
+        .map_err(io_err(log_id, "reading the size of a segment"))?
+        .len();
+    let mut reader = SegmentReader::new(&file, file_len);
+    let mut index = Vec::new();
+    let mut lsn = first_lsn;
+    let mut offset = 0;
+    while offset < file_len {
+        let detail = match read_record(&mut reader, offset, lsn, true) {
+            Ok((next, _)) => {
+                if (lsn - first_lsn).is_multiple_of(INDEX_INTERVAL) {
+                    index.push(offset);
+                }
+                offset = next;
+                lsn += 1;
+                continue;
+            }
+            Err(RecordError::Invalid(detail)) => detail,
+            Err(e) => return Err(e.into_error(log_id, &path, offset, "recovering a segment")),
+        };
+        // Only the last segment can end in bytes that were never synced (the writer syncs a
+        // segment before starting the next), and only bytes with nothing valid after them can
+        // be an incomplete final write: see the module docs.
+        let followed_by = valid_record_after(&mut reader, offset, lsn)
+            .map_err(|e| e.into_error(log_id, &path, offset, "recovering a segment"))?;
+        if !is_last || followed_by.is_some() {
+            let after = match followed_by {
+                Some((at, found)) => format!(
+                    "; a valid record of LSN {found} follows at offset {at}, so this is not an \
+                     incomplete final write and cutting here would drop acknowledged records"
+                ),
+                None => String::new(),
+            };
+            return Err(corrupt(
+                log_id,
+                &path,
+                format!("record at offset {offset} (LSN {lsn}): {detail}{after}"),
+            ));
+        }
+        tracing::warn!(
+            log_id = %log_id, path = %path.display(), offset, lsn,
+            dropped_bytes = file_len - offset, %detail,
+            "cutting the torn tail of the log: an incomplete final write, never acknowledged"
+        );
+        file.set_len(offset)
+            .map_err(io_err(log_id, "truncating the torn tail of a segment"))?;
+        if options.fsync {
+            file.sync_data()
+                .map_err(io_err(log_id, "truncating the torn tail of a segment"))?;
+        }
+        break;
+    }
+    drop(reader);
+    let reader = File::open(&path).map_err(io_err(log_id, "opening a segment for reads"))?;
+    let segment = Segment {
+        first_lsn,
+        last_lsn: lsn - 1,
+        len: offset,
+        index,
+        path,
+        file: Arc::new(reader),
+    };
+    Ok((segment, file))
+}
+
+/// Looks, past the bad record at `bad_offset` (which should have been `expected_lsn`), for a
+/// well-formed record: a header whose LSN is plausible there (at least `expected_lsn`, and no
+/// more records ahead of it than the bytes between could hold) and whose checksum matches.
+/// Returns its offset and LSN. Every byte offset is tried, since the bad record's length cannot
+/// be trusted.
+fn valid_record_after(
+    reader: &mut SegmentReader<'_>,
+    bad_offset: u64,
+    expected_lsn: u64,
+) -> Result<Option<(u64, u64)>, RecordError> {
+    let end = reader.end;
+    let mut offset = bad_offset + 1;
+    while offset + HEADER_BYTES as u64 <= end {
+        let header = reader.read(offset, HEADER_BYTES)?;
+        let lsn = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let most_records_between = (offset - bad_offset) / HEADER_BYTES as u64;
+        let plausible = lsn >= expected_lsn && lsn - expected_lsn <= most_records_between;
+        if plausible {
+            match read_record(reader, offset, lsn, true) {
+                Ok(_) => return Ok(Some((offset, lsn))),
+                Err(RecordError::Invalid(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        offset += 1;
+    }
+    Ok(None)
 }
 
 /// Runs blocking IO on tokio's blocking pool, so that a slow disk does not stall async tasks.
@@ -1457,6 +1710,169 @@ mod tests {
             Err(other) => panic!("expected corruption, got {other}"),
             Ok(_) => panic!("expected corruption, the log opened"),
         }
+    }
+
+    /// Appends records 1..=10 in one segment, stops the log, lets `damage` change the segment's
+    /// bytes (given each record's offset) and reopens it.
+    async fn reopen_after_damage(damage: impl FnOnce(&mut Vec<u8>, &[usize])) -> (Result<()>, u64) {
+        let dir = TempDir::new().expect("temporary directory");
+        let segment = dir.path().join("1").join(segment_file_name(1));
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 10).await;
+        }
+        let mut bytes = fs::read(&segment).expect("segment");
+        let offsets: Vec<usize> = (0..10).map(|i| i * (HEADER_BYTES + 34)).collect();
+        damage(&mut bytes, &offsets);
+        fs::write(&segment, &bytes).expect("damage segment");
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let opened = provider.open_local(LogId(1)).await.map(|_| ());
+        (opened, fs::metadata(&segment).expect("segment").len())
+    }
+
+    #[tokio::test]
+    async fn a_bad_record_followed_by_valid_ones_in_the_last_segment_is_corruption() {
+        let (opened, len) = reopen_after_damage(|bytes, offsets| {
+            bytes[offsets[3] + HEADER_BYTES + 5] ^= 0x01; // the payload of LSN 4
+        })
+        .await;
+        match opened {
+            Err(Error::Corrupt { path, detail, .. }) => {
+                assert!(path.ends_with("00000000000000000001.seg"), "{path}");
+                assert!(detail.contains("offset 150 (LSN 4)"), "{detail}");
+                assert!(detail.contains("checksum"), "{detail}");
+                assert!(
+                    detail.contains("valid record of LSN 5 follows at offset 200"),
+                    "{detail}"
+                );
+            }
+            other => panic!("expected corruption, got {other:?}"),
+        }
+        assert_eq!(len, 10 * 50, "nothing of the segment was cut");
+    }
+
+    #[tokio::test]
+    async fn a_bad_length_followed_by_valid_records_is_corruption() {
+        // The length of LSN 7 now points far past the end of the segment.
+        let (opened, len) =
+            reopen_after_damage(|bytes, offsets| bytes[offsets[6] + 2] ^= 0x10).await;
+        match opened {
+            Err(Error::Corrupt { detail, .. }) => {
+                assert!(detail.contains("offset 300 (LSN 7)"), "{detail}");
+                assert!(detail.contains("LSN 8 follows at offset 350"), "{detail}");
+            }
+            other => panic!("expected corruption, got {other:?}"),
+        }
+        assert_eq!(len, 10 * 50);
+    }
+
+    #[tokio::test]
+    async fn a_bad_last_record_with_garbage_after_it_is_a_torn_tail() {
+        // Nothing valid after the bad spot: an incomplete final write, cut.
+        let (opened, len) = reopen_after_damage(|bytes, offsets| {
+            bytes[offsets[9] + HEADER_BYTES + 1] ^= 0x01;
+            bytes.extend_from_slice(&[0u8; 40]);
+            bytes.extend_from_slice(b"garbage that is no record at all");
+        })
+        .await;
+        opened.expect("a torn tail opens");
+        assert_eq!(len, 9 * 50);
+    }
+
+    /// Reads every record and checks it is record(lsn), the tail and the segment files.
+    async fn assert_log_holds(log: &LocalLoglet, tail: u64) {
+        assert_eq!(log.state().await.expect("state"), state_of(0, tail));
+        assert_eq!(
+            log.read(Lsn(1), 1000).await.expect("read"),
+            records(1, tail)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_fails_the_batch_and_appends_resume_once_there_is_room() {
+        let dir = TempDir::new().expect("temporary directory");
+        let log_dir = dir.path().join("1");
+        {
+            let provider = provider(dir.path(), tiny_segments());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 4).await;
+            let faults = log.faults();
+            faults.disk_full.store(true, Ordering::SeqCst);
+            // 1.seg is full: the batch starts a segment (5.seg) and fails writing to it.
+            let batch: Vec<Bytes> = (5..=9).map(record).collect();
+            match log.append(batch).await {
+                Err(error @ Error::DiskFull { .. }) => {
+                    assert!(error.is_disk_full());
+                    let message = error.to_string();
+                    assert!(
+                        message.contains(&log_dir.display().to_string()),
+                        "{message}"
+                    );
+                    assert!(message.contains("full"), "{message}");
+                }
+                other => panic!("expected a full disk, got {other:?}"),
+            }
+            // Still full: refused again, reads go on, and a tail wait does not fail.
+            assert!(matches!(
+                log.append(vec![record(5)]).await,
+                Err(Error::DiskFull { .. })
+            ));
+            assert_log_holds(&log, 4).await;
+            assert_eq!(segment_names(&log_dir), [segment_file_name(1)]);
+            let waiting = log.wait_for_tail(Lsn(5));
+            tokio::pin!(waiting);
+            assert!(
+                tokio::time::timeout(std::time::Duration::from_millis(50), &mut waiting)
+                    .await
+                    .is_err(),
+                "waiting for the tail ended while the disk was full"
+            );
+
+            faults.disk_full.store(false, Ordering::SeqCst);
+            let batch: Vec<Bytes> = (5..=9).map(record).collect();
+            assert_eq!(log.append(batch).await.expect("append"), Lsn(9));
+            waiting.await.expect("the tail reached 5");
+            assert_log_holds(&log, 9).await;
+            assert_eq!(segment_names(&log_dir), [1, 5, 9].map(segment_file_name));
+            // A failed write in the middle of a segment is cut too.
+            faults.disk_full.store(true, Ordering::SeqCst);
+            assert!(log.append(vec![record(10), record(11)]).await.is_err());
+            faults.disk_full.store(false, Ordering::SeqCst);
+            append_records(&log, 10, 11).await;
+        }
+        // What recovery finds is exactly what was acknowledged, no leftovers of the failures.
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_log_holds(&log, 11).await;
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_sync_failed_is_cut_and_never_acknowledged_later() {
+        let dir = TempDir::new().expect("temporary directory");
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            append_records(&log, 1, 3).await;
+            let faults = log.faults();
+            faults.sync_fails.store(true, Ordering::SeqCst);
+            match log
+                .append(vec![Bytes::from_static(b"never acknowledged")])
+                .await
+            {
+                Err(Error::Io { source, .. }) => {
+                    assert!(source.to_string().contains("injected"), "{source}")
+                }
+                other => panic!("expected an I/O error, got {other:?}"),
+            }
+            assert_log_holds(&log, 3).await;
+            faults.sync_fails.store(false, Ordering::SeqCst);
+            append_records(&log, 4, 5).await;
+            assert_log_holds(&log, 5).await;
+        }
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        assert_log_holds(&log, 5).await;
     }
 
     #[tokio::test]
