@@ -10,13 +10,16 @@
 //!   no store, policy none, trim point = 0          → empty store, replay the whole log
 //!   no store, trim point > 0 (a gap)               → restore
 //!   restore impossible across a gap                → the partition stays down, saying why
+//!   store applied past the log's tail              → down, naming both LSNs and the ways out
+//!   log cannot be opened (corrupt)                 → down, naming file, offset and LSN
 //! ```
 //! A partition never starts with a gap between its store and its log: it would serve data with
-//! records missing.
+//! records missing. Nor does it start with its store ahead of its log (the log lost its end to a
+//! disk fault): its next records would get LSNs the store already applied, and a restart would
+//! serve different records at them. Nothing in a bring-up waits without a bound.
 
 use crate::config::RestorePolicy;
 use crate::metrics::Metrics;
-use anyhow::Context;
 use cairn_log::Loglet;
 use cairn_metadata::{
     MetadataStore, PartitionPlacement, PartitionTable, Precondition, get_typed, put_typed,
@@ -146,7 +149,8 @@ pub(crate) struct PartitionsConfig {
 }
 
 impl Partitions {
-    /// Opens every partition's log; the partitions serve once [`Partitions::bring_up`] has run.
+    /// Opens every partition's log (a partition whose log cannot be opened is down from the
+    /// start, saying why); the partitions serve once [`Partitions::bring_up`] has run.
     pub async fn open(
         config: PartitionsConfig,
         logs: &dyn cairn_log::LogProvider,
@@ -154,15 +158,26 @@ impl Partitions {
         let mut slots = Vec::with_capacity(usize::from(config.num_partitions));
         for p in 0..config.num_partitions {
             let id = PartitionId(p);
-            let log = logs
-                .open(cairn_types::LogId::from(id))
-                .await
-                .with_context(|| format!("open the log of partition {id}"))?;
+            let log_id = cairn_types::LogId::from(id);
+            // A log that cannot be opened keeps its partition down, not the node: the other
+            // partitions serve.
+            let (log, state) = match logs.open(log_id).await {
+                Ok(log) => (log, SlotState::Starting),
+                Err(err) => {
+                    let reason = unopened_log_reason(id, &err);
+                    error!(partition = %id, "partition is not serving: {reason}");
+                    let log: Arc<dyn Loglet> = Arc::new(UnopenedLog {
+                        log_id,
+                        error: Arc::new(err),
+                    });
+                    (log, SlotState::Down(reason))
+                }
+            };
             slots.push(Slot {
                 id,
                 key_range: KeyRange::of_partition(id, config.num_partitions),
                 log,
-                state: RwLock::new(SlotState::Starting),
+                state: RwLock::new(state),
                 restoring: tokio::sync::Mutex::new(()),
             });
         }
@@ -200,7 +215,12 @@ impl Partitions {
 
     async fn bring_up_one(&self, slot: &Slot) -> bool {
         // Held throughout, so an online restore cannot start on a partition half brought up.
+        // Every step below is bounded (the lead step by `LEAD_STALL_MAX` without progress), so
+        // a restore waits for a bring-up that fails, never for one that hangs.
         let _one_at_a_time = slot.restoring.lock().await;
+        if let SlotState::Down(_) = slot.state() {
+            return false; // its log could not be opened
+        }
         let store = match self.prepare(slot).await {
             Ok(store) => store,
             Err(reason) => {
@@ -266,6 +286,16 @@ impl Partitions {
             Some(store) => store.applied_lsn().map_err(|e| e.to_string())?,
             None => Lsn::ZERO,
         };
+        if log.tail < applied {
+            // Checked before the processor starts and anything is appended: the next append
+            // would get an LSN the store already applied, with a different record.
+            return Err(Error::StoreAheadOfLog {
+                partition: id,
+                applied,
+                tail: log.tail,
+            }
+            .to_string());
+        }
         let gap = trim_point > applied;
         if let (Some(store), false) = (&existing, gap) {
             return Ok(store.clone());
@@ -501,6 +531,70 @@ impl Partitions {
             SlotState::Down(reason) => slot.set(SlotState::Down(reason)),
             _ => slot.set(SlotState::Down(err.to_string())),
         }
+    }
+}
+
+/// Why a partition whose log could not be opened is down, and what to do.
+fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
+    match err {
+        cairn_log::Error::Corrupt { path, .. } => format!(
+            "its log cannot be opened: {err}. The records from that offset on are kept, not \
+             dropped, and the partition stays down while the node's other partitions serve. Keep \
+             a copy of {path}; to give up the records from that offset on, cut the file there \
+             (`truncate -s <offset> {path}`) and restart the node (if the store had applied \
+             records past the cut, it then asks for `cairnctl partitions restore -p {id}`)"
+        ),
+        _ => format!(
+            "its log cannot be opened: {err}; fix the cause and restart the node (the other \
+             partitions serve meanwhile)"
+        ),
+    }
+}
+
+/// Stands in for a log that could not be opened: every call fails with why, so its partition
+/// stays down and reports the reason while the node's other partitions serve.
+struct UnopenedLog {
+    log_id: cairn_types::LogId,
+    error: Arc<cairn_log::Error>,
+}
+
+impl UnopenedLog {
+    fn error(&self) -> cairn_log::Error {
+        cairn_log::Error::NotOpened {
+            log_id: self.log_id,
+            source: self.error.clone(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Loglet for UnopenedLog {
+    fn log_id(&self) -> cairn_types::LogId {
+        self.log_id
+    }
+
+    async fn append(&self, _payloads: Vec<bytes::Bytes>) -> cairn_log::Result<Lsn> {
+        Err(self.error())
+    }
+
+    async fn read(
+        &self,
+        _from: Lsn,
+        _max_records: usize,
+    ) -> cairn_log::Result<Vec<cairn_log::Entry>> {
+        Err(self.error())
+    }
+
+    async fn wait_for_tail(&self, _lsn: Lsn) -> cairn_log::Result<()> {
+        Err(self.error())
+    }
+
+    async fn trim(&self, _up_to: Lsn) -> cairn_log::Result<()> {
+        Err(self.error())
+    }
+
+    async fn state(&self) -> cairn_log::Result<cairn_log::LogState> {
+        Err(self.error())
     }
 }
 

@@ -24,6 +24,26 @@ fn status_of(err: cairn_worker::Error) -> Status {
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
         E::Restore { .. } => Status::failed_precondition(err.to_string()),
         E::Storage { .. } | E::Snapshot { .. } => Status::internal(err.to_string()),
+        E::Log { source, .. } => log_status(source, err.to_string()),
+        // Needs an operator (restore, or accept the loss); retrying does not help.
+        E::StoreAheadOfLog { .. } => Status::failed_precondition(err.to_string()),
+        E::TimedOut { .. } => Status::unavailable(err.to_string()),
+    }
+}
+
+/// A log error's status by what the caller can do about it: a full disk is worth a retry once
+/// space is freed, trimmed records never come back.
+fn log_status(source: &cairn_log::Error, message: String) -> Status {
+    use cairn_log::Error as L;
+    if source.is_disk_full() {
+        return Status::resource_exhausted(message);
+    }
+    match source {
+        L::Trimmed { .. } => Status::failed_precondition(message),
+        L::RecordTooLarge { .. } => Status::invalid_argument(message),
+        L::Shutdown { .. } | L::NotOpened { .. } => Status::unavailable(message),
+        L::Corrupt { .. } => Status::data_loss(message),
+        L::Io { .. } | L::DiskFull { .. } => Status::internal(message),
     }
 }
 

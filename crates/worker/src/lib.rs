@@ -16,12 +16,14 @@ mod snapshot;
 pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use partition::{Partition, PartitionStatus};
+pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus};
 pub use processor::Outcome;
 pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore};
 pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
@@ -67,6 +69,49 @@ pub enum Error {
         partition: PartitionId,
         requested: Lsn,
         reason: String,
+    },
+    /// The log refused or failed `context`. Its kind tells the caller what to do:
+    /// [`cairn_log::Error::is_disk_full`] (free space and retry), [`cairn_log::Error::Trimmed`]
+    /// (the records are gone), or a failing device.
+    #[error("partition {partition}: {context}: {source}")]
+    Log {
+        partition: PartitionId,
+        context: &'static str,
+        #[source]
+        source: Arc<cairn_log::Error>,
+    },
+    /// The store has applied records that its log no longer holds (the log lost its end to a
+    /// disk or file-system fault). Continuing would apply different records at those LSNs.
+    #[error(
+        "partition {partition}: its store has applied the log up to LSN {applied}, but the log \
+         ends at LSN {tail}: records {}..={applied} were lost from the log (a disk or \
+         file-system fault), so the partition is stopped rather than serve different records at \
+         those LSNs. Either restore it from a snapshot with `cairnctl partitions restore -p \
+         {partition}`, which needs a snapshot at LSN {tail} or earlier and replays the log after \
+         it, or accept losing records {}..={applied}: stop the node, run `cairn drop-partition \
+         -p {partition}` on its base dir and start it again, which rebuilds the store from the \
+         log (and from a snapshot if the log is trimmed) without them",
+        tail.next(),
+        tail.next()
+    )]
+    StoreAheadOfLog {
+        partition: PartitionId,
+        applied: Lsn,
+        tail: Lsn,
+    },
+    /// Waiting for the processor made no progress for `waited`.
+    #[error(
+        "partition {partition}: {what} made no progress for {}s (applied LSN {applied}, log \
+         tail {tail}); its processor is stuck: see the node's log for why, then restart the node \
+         or restore the partition with `cairnctl partitions restore -p {partition}`",
+        waited.as_secs()
+    )]
+    TimedOut {
+        partition: PartitionId,
+        what: &'static str,
+        waited: Duration,
+        applied: Lsn,
+        tail: Lsn,
     },
 }
 

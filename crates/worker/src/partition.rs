@@ -11,9 +11,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::error;
 
 type Waiter = oneshot::Sender<Result<Outcome>>;
 
@@ -41,8 +43,16 @@ impl Shared {
         }
     }
 
+    /// Marks the partition stopped and fails every waiting request. The first reason stays: a
+    /// later one (the processor's "shut down" after a stop) would hide why it stopped.
     pub fn stop(&self, reason: String) {
-        self.stopped.send_replace(Some(reason.clone()));
+        self.stopped.send_if_modified(|stopped| {
+            stopped.is_none() && {
+                *stopped = Some(reason.clone());
+                true
+            }
+        });
+        let reason = self.stopped_reason().unwrap_or(reason);
         let waiters: Vec<Waiter> = self.lock_waiters().drain().map(|(_, w)| w).collect();
         for waiter in waiters {
             let _ = waiter.send(Err(Error::Stopped {
@@ -87,6 +97,9 @@ pub struct Partition {
     cancel: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// How long [`Partition::become_leader`] waits for the applied LSN to move before it gives up.
+pub const LEAD_STALL_MAX: Duration = Duration::from_secs(60);
 
 /// Export requests that may wait for the processor at once.
 const EXPORT_QUEUE_MAX: usize = 4;
@@ -158,16 +171,70 @@ impl Partition {
     }
 
     /// Makes this node the partition's leader at `epoch`: appends `AnnounceLeader` and returns once
-    /// the processor applied it. Fails with [`Error::Fenced`] if the partition already saw a
-    /// newer or equal epoch.
+    /// the processor applied it (after replaying the log up to it). Fails with [`Error::Fenced`]
+    /// if the partition already saw a newer or equal epoch, with [`Error::StoreAheadOfLog`]
+    /// (appending nothing) if the log lost records the store applied, and with
+    /// [`Error::TimedOut`] if the processor's applied LSN does not move for [`LEAD_STALL_MAX`].
     pub async fn become_leader(&self, epoch: Epoch) -> Result<()> {
+        self.become_leader_within(epoch, LEAD_STALL_MAX).await
+    }
+
+    /// [`Partition::become_leader`], failing once the applied LSN has not moved for `stall`. A
+    /// bound on progress rather than on the whole call, since replaying a long log may take
+    /// long while it moves.
+    pub async fn become_leader_within(&self, epoch: Epoch, stall: Duration) -> Result<()> {
+        let tail = self
+            .log
+            .state()
+            .await
+            .map_err(|err| log_error(self.id(), "read the log's state", err))?
+            .tail;
+        let applied = self.applied_lsn();
+        if tail < applied {
+            let err = Error::StoreAheadOfLog {
+                partition: self.id(),
+                applied,
+                tail,
+            };
+            self.halt(&err);
+            return Err(err);
+        }
         let command = Command::AnnounceLeader {
             epoch,
             node: self.shared.node.clone(),
         };
-        self.propose_at(epoch, command).await?;
+        let announce = self.propose_at(epoch, command);
+        tokio::pin!(announce);
+        let mut progress = self.shared.applied.subscribe();
+        loop {
+            tokio::select! {
+                outcome = &mut announce => {
+                    outcome?;
+                    break;
+                }
+                moved = tokio::time::timeout(stall, progress.changed()) => {
+                    if moved.is_err() {
+                        let tail = self.log.state().await.map(|s| s.tail).unwrap_or_default();
+                        return Err(Error::TimedOut {
+                            partition: self.id(),
+                            what: "taking the leadership (replaying the log up to the announcement)",
+                            waited: stall,
+                            applied: self.applied_lsn(),
+                            tail,
+                        });
+                    }
+                }
+            }
+        }
         *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner()) = Some(epoch);
         Ok(())
+    }
+
+    /// Stops the partition for good with `err` as the reason.
+    fn halt(&self, err: &Error) {
+        error!(partition = %self.id(), "partition stopped: {err}");
+        self.shared.stop(err.to_string());
+        self.cancel.cancel();
     }
 
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
@@ -351,10 +418,23 @@ impl Partition {
             },
             command,
         };
-        self.log
+        // Read before appending: the record cannot be applied before it exists, so an LSN at or
+        // below this means the log hands out LSNs the store has already applied.
+        let applied = self.applied_lsn();
+        let lsn = self
+            .log
             .append(vec![envelope.encode()])
             .await
             .map_err(|err| log_error(self.id(), "append to log", err))?;
+        if lsn <= applied {
+            let err = Error::StoreAheadOfLog {
+                partition: self.id(),
+                applied,
+                tail: Lsn(lsn.0.saturating_sub(1)),
+            };
+            self.halt(&err);
+            return Err(err);
+        }
         match rx.await {
             Ok(outcome) => outcome,
             Err(_) => Err(Error::Stopped {

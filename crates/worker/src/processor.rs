@@ -9,6 +9,12 @@
 //! A record's effects and the new applied LSN go into one write batch. After a crash the store
 //! reflects exactly the records up to its applied LSN, and the processor continues from the next.
 //!
+//! # A log that lost records
+//! The processor stops rather than diverge when the log's tail is below its applied LSN (the log
+//! lost its end) or the log hands it an LSN other than the next one: applying on would give
+//! LSNs it already applied to different records. A failed append (a full disk) is the proposer's
+//! error only; the processor keeps waiting at the tail.
+//!
 //! # Epoch fencing
 //! `AnnounceLeader { epoch }` with an epoch newer than the current one makes it current. Any other
 //! record stamped with an epoch that is not the current one is skipped (its LSN still counts as
@@ -109,6 +115,7 @@ impl Processor {
                 Err(err) => return Err(log_error(partition, "read log", err)),
             };
             if entries.is_empty() {
+                self.check_log_reaches_applied().await?;
                 tokio::select! {
                     waited = self.log.wait_for_tail(from) => {
                         waited.map_err(|err| log_error(partition, "wait for log", err))?;
@@ -120,12 +127,17 @@ impl Processor {
             read_len = next_read_len(entries.iter().map(|e| e.payload.len()).sum(), entries.len());
             for entry in entries {
                 if entry.lsn != self.applied.next() {
+                    // Applying it would diverge: at best a record applied twice, at worst
+                    // different records at LSNs already applied.
                     return Err(Error::Stopped {
                         partition,
                         reason: format!(
-                            "log returned LSN {} where {} was expected",
+                            "the log returned LSN {} where {} was expected (the store has applied \
+                             up to LSN {}); restart the node, and if this repeats restore the \
+                             partition from a snapshot",
                             entry.lsn,
-                            self.applied.next()
+                            self.applied.next(),
+                            self.applied
                         ),
                     });
                 }
@@ -137,6 +149,26 @@ impl Processor {
             }
             crate::testing::pause_point_of("replay", partition).await;
         }
+    }
+
+    /// At the tail: the log must still hold every record applied. A tail below the applied LSN
+    /// means the log lost its end; the next appends would get LSNs already applied and the
+    /// processor would take them for new ones.
+    async fn check_log_reaches_applied(&self) -> Result<()> {
+        let tail = self
+            .log
+            .state()
+            .await
+            .map_err(|err| log_error(self.shared.id, "read the log's state", err))?
+            .tail;
+        if tail < self.applied {
+            return Err(Error::StoreAheadOfLog {
+                partition: self.shared.id,
+                applied: self.applied,
+                tail,
+            });
+        }
+        Ok(())
     }
 
     async fn export(&mut self, request: ExportRequest) {
@@ -252,10 +284,10 @@ pub(crate) fn log_error(
     context: &'static str,
     err: cairn_log::Error,
 ) -> Error {
-    Error::Storage {
+    Error::Log {
         partition,
         context,
-        message: err.to_string(),
+        source: Arc::new(err),
     }
 }
 

@@ -365,3 +365,147 @@ async fn an_export_reports_the_lsn_it_holds_while_writes_go_on() {
             .exists()
     );
 }
+
+/// A partition of node n1 over a local log (so that tests reach the log's fault switches).
+async fn start_on_local_log(
+    logs: &LocalLogProvider,
+    stores: &PartitionStoreManager,
+) -> (Arc<cairn_log::local::LocalLoglet>, Arc<Partition>) {
+    let log = logs.open_local(LogId(0)).await.unwrap();
+    let partition = Partition::start(
+        KeyRange::of_partition(PID, 1),
+        NodeId("n1".into()),
+        stores.open_or_create_partition(PID).unwrap(),
+        log.clone(),
+        Arc::new(ManualClock::new(1_000)),
+    )
+    .unwrap();
+    (log, partition)
+}
+
+#[tokio::test]
+async fn a_store_ahead_of_its_log_stops_before_anything_is_appended() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores =
+        PartitionStoreManager::open(&dir.path().join("db"), &StoreOptions::default()).unwrap();
+    {
+        let logs =
+            LocalLogProvider::open(dir.path().join("long"), LocalLogOptions::default()).unwrap();
+        let (_, partition) = start_on_local_log(&logs, &stores).await;
+        partition.become_leader(Epoch(1)).await.unwrap();
+        for i in 0..4 {
+            partition
+                .put(put(&format!("k{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+        assert_eq!(partition.applied_lsn().0, 5);
+        partition.shutdown().await;
+    }
+    // The same store over a log that holds only its first two records: the log lost its end.
+    let logs =
+        LocalLogProvider::open(dir.path().join("short"), LocalLogOptions::default()).unwrap();
+    logs.open_local(LogId(0))
+        .await
+        .unwrap()
+        .append(vec![Bytes::from_static(b"one"), Bytes::from_static(b"two")])
+        .await
+        .unwrap();
+    let (log, partition) = start_on_local_log(&logs, &stores).await;
+    let err = partition.become_leader(Epoch(2)).await.unwrap_err();
+    match &err {
+        Error::StoreAheadOfLog { applied, tail, .. } => assert_eq!((applied.0, tail.0), (5, 2)),
+        other => panic!("expected a store ahead of its log, got {other}"),
+    }
+    let message = err.to_string();
+    for needle in [
+        "LSN 5",
+        "LSN 2",
+        "records 3..=5",
+        "cairnctl partitions restore -p 0",
+        "cairn drop-partition",
+    ] {
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from: {message}"
+        );
+    }
+    assert_eq!(log.state().await.unwrap().tail.0, 2, "nothing was appended");
+    // Stopped with that reason: no request is served from the store.
+    let stopped = partition.status().await.stopped.expect("stopped");
+    assert!(stopped.contains("records 3..=5"), "{stopped}");
+    assert!(matches!(
+        partition.get(&[key("k0")]),
+        Err(Error::Stopped { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_processor_that_finds_its_log_behind_its_store_stops_instead_of_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores =
+        PartitionStoreManager::open(&dir.path().join("db"), &StoreOptions::default()).unwrap();
+    {
+        let logs =
+            LocalLogProvider::open(dir.path().join("long"), LocalLogOptions::default()).unwrap();
+        let (_, partition) = start_on_local_log(&logs, &stores).await;
+        partition.become_leader(Epoch(1)).await.unwrap();
+        partition.put(put("k", "v", None)).await.unwrap();
+        partition.shutdown().await;
+    }
+    let logs =
+        LocalLogProvider::open(dir.path().join("empty"), LocalLogOptions::default()).unwrap();
+    let (_, partition) = start_on_local_log(&logs, &stores).await;
+    // The processor reaches the tail, sees it below the applied LSN and stops by itself.
+    let err = partition
+        .wait_applied(cairn_types::Lsn(3))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("applied the log up to LSN 2, but the log ends at LSN 0"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_disk_fails_writes_only_and_the_partition_recovers_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores =
+        PartitionStoreManager::open(&dir.path().join("db"), &StoreOptions::default()).unwrap();
+    let logs = LocalLogProvider::open(dir.path().join("log"), LocalLogOptions::default()).unwrap();
+    let (log, partition) = start_on_local_log(&logs, &stores).await;
+    partition.become_leader(Epoch(1)).await.unwrap();
+    partition.put(put("before", "1", None)).await.unwrap();
+
+    log.faults()
+        .disk_full
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        match partition.put(put("during", "2", None)).await {
+            Err(Error::Log { source, .. }) => assert!(source.is_disk_full(), "{source}"),
+            other => panic!("expected a full-disk error, got {other:?}"),
+        }
+        // Reads are served, and the processor is still running.
+        assert_eq!(
+            partition.get(&[key("before")]).unwrap(),
+            vec![Some(Bytes::from_static(b"1"))]
+        );
+        assert!(partition.status().await.stopped.is_none());
+    }
+
+    log.faults()
+        .disk_full
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    partition.put(put("after", "3", None)).await.unwrap();
+    assert_eq!(
+        partition
+            .get(&[key("before"), key("during"), key("after")])
+            .unwrap(),
+        vec![
+            Some(Bytes::from_static(b"1")),
+            None,
+            Some(Bytes::from_static(b"3"))
+        ]
+    );
+}

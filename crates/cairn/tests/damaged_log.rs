@@ -1,0 +1,374 @@
+//! A damaged log with real `cairn` processes: a log that lost its end (the store is ahead of it)
+//! and a byte flipped inside the newest segment. The damaged partition stays down saying why and
+//! what to do, the node's other partitions serve, and no acknowledged record is dropped or
+//! replaced by a different one.
+
+mod support;
+
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions, PutEntry};
+use cairn_types::keys::partition_for_key;
+use cairn_types::{PartitionId, partition_key};
+use std::path::{Path, PathBuf};
+use support::{Server, cairnctl, created_id, fails, ok};
+
+const PARTITIONS: u16 = 4;
+/// The partition whose log the tests damage.
+const DAMAGED: PartitionId = PartitionId(2);
+/// `[u32 len][u32 crc][u64 lsn]` before every record's payload in a segment.
+const RECORD_HEADER_BYTES: usize = 16;
+
+fn start(dir: &Path) -> Server {
+    Server::start_with(dir, &[], &[("CAIRN_NUM_PARTITIONS", "4")])
+}
+
+fn keys_of(partition: PartitionId, prefix: &str, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i:05}"))
+        .filter(|k| partition_for_key(partition_key(k.as_bytes()), PARTITIONS) == partition)
+        .take(count)
+        .collect()
+}
+
+fn value_of(key: &str) -> Bytes {
+    Bytes::from(format!("value of {key}"))
+}
+
+async fn client(address: &str) -> Client {
+    Client::connect(address, &ClientOptions::default())
+        .await
+        .unwrap()
+}
+
+/// One put (one log record) per key.
+async fn put_each(address: &str, keys: &[String]) {
+    let client = client(address).await;
+    for key in keys {
+        let entry = PutEntry {
+            key: Bytes::from(key.clone()),
+            value: value_of(key),
+            ttl: None,
+        };
+        client.put(vec![entry]).await.unwrap();
+    }
+}
+
+async fn assert_all_there(address: &str, keys: &[String]) {
+    let wanted: Vec<Bytes> = keys.iter().map(|k| Bytes::from(k.clone())).collect();
+    let values = client(address).await.get(wanted).await.unwrap();
+    for (key, value) in keys.iter().zip(values) {
+        assert_eq!(value, Some(value_of(key)), "key {key}");
+    }
+}
+
+/// The partition's line of `partitions list`: (applied LSN, log tail, status).
+async fn partition_row(address: &str, id: PartitionId) -> (u64, u64, String) {
+    let list = client(address).await.list_partitions().await.unwrap();
+    let p = list
+        .partitions
+        .into_iter()
+        .find(|p| p.partition_id == u32::from(id.0))
+        .expect("partition listed");
+    (p.applied_lsn, p.log_tail, p.status)
+}
+
+/// The newest segment file of a partition's log.
+fn last_segment(base_dir: &Path, id: PartitionId) -> PathBuf {
+    let log_dir = base_dir.join("log").join(id.0.to_string());
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    segments.pop().expect("the log has a segment")
+}
+
+/// Offset and LSN of the `n`th record (from 0) of a segment, walking its framing.
+fn record_at(segment: &[u8], n: usize) -> (usize, u64) {
+    let mut offset = 0;
+    for _ in 0..n {
+        let len = u32::from_le_bytes(segment[offset..offset + 4].try_into().unwrap()) as usize;
+        offset += RECORD_HEADER_BYTES + len;
+    }
+    let lsn = u64::from_le_bytes(segment[offset + 8..offset + 16].try_into().unwrap());
+    (offset, lsn)
+}
+
+/// The other partitions serve: a key of each can be written and read.
+async fn other_partitions_serve(address: &str) {
+    for p in (0..PARTITIONS).map(PartitionId).filter(|p| *p != DAMAGED) {
+        let keys = keys_of(p, &format!("still-{}", p.0), 1);
+        put_each(address, &keys).await;
+        assert_all_there(address, &keys).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = keys_of(DAMAGED, "before", 5);
+    let after = keys_of(DAMAGED, "after", 5);
+    let server = start(dir.path());
+    put_each(&server.address, &before).await;
+    let snapshot = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    )));
+    put_each(&server.address, &after).await;
+    let (applied, tail, _) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(applied, tail);
+    server.stop();
+
+    // A lost write at the end of the log: its last record (the last key) loses a few bytes.
+    let segment = last_segment(dir.path(), DAMAGED);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+
+    // Twice: the partition stays down with both LSNs, and nothing is appended to its log, so a
+    // restart never serves a different record at an LSN the store applied.
+    for _ in 0..2 {
+        let server = start(dir.path());
+        let (listed_applied, listed_tail, status) = partition_row(&server.address, DAMAGED).await;
+        assert_eq!((listed_applied, listed_tail), (applied, applied - 1));
+        for needle in [
+            format!("up to LSN {applied}"),
+            format!("ends at LSN {}", applied - 1),
+            "cairnctl partitions restore -p 2".to_string(),
+            "cairn drop-partition".to_string(),
+        ] {
+            assert!(status.contains(&needle), "{needle:?} missing: {status}");
+        }
+        let err = fails(cairnctl(&server.address, &["kv", "get", &before[0]]));
+        assert!(
+            err.contains(&format!("ends at LSN {}", applied - 1)),
+            "{err}"
+        );
+        other_partitions_serve(&server.address).await;
+        server.stop();
+    }
+
+    // The way out: a restore from the snapshot taken before, then the log after it.
+    let server = start(dir.path());
+    let out = ok(cairnctl(
+        &server.address,
+        &["-y", "partitions", "restore", "-p", "2"],
+    ));
+    assert!(out.contains(&snapshot), "{out}");
+    let lost = after.last().unwrap().clone();
+    let kept: Vec<String> = before
+        .iter()
+        .chain(&after[..after.len() - 1])
+        .cloned()
+        .collect();
+    assert_all_there(&server.address, &kept).await;
+    let values = client(&server.address)
+        .await
+        .get(vec![Bytes::from(lost.clone())])
+        .await
+        .unwrap();
+    assert_eq!(values, vec![None], "the cut record is gone from the log");
+    server.stop();
+
+    // And it stays consistent across a restart.
+    let server = start(dir.path());
+    assert_all_there(&server.address, &kept).await;
+    let (applied_now, tail_now, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert_eq!(applied_now, tail_now);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    let server = start(dir.path());
+    put_each(&server.address, &keys).await;
+    server.stop();
+
+    // One byte inside the payload of a record in the middle of the newest segment.
+    let segment = last_segment(dir.path(), DAMAGED);
+    let intact = std::fs::read(&segment).unwrap();
+    let (offset, lsn) = record_at(&intact, 20);
+    let mut damaged = intact.clone();
+    damaged[offset + RECORD_HEADER_BYTES + 3] ^= 0x20;
+    std::fs::write(&segment, &damaged).unwrap();
+
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    for needle in [
+        segment.display().to_string(),
+        format!("offset {offset} (LSN {lsn})"),
+        "checksum".to_string(),
+        format!("LSN {} follows", lsn + 1),
+    ] {
+        assert!(status.contains(&needle), "{needle:?} missing: {status}");
+    }
+    let err = fails(cairnctl(&server.address, &["kv", "get", &keys[0]]));
+    assert!(
+        err.contains(&format!("offset {offset} (LSN {lsn})")),
+        "{err}"
+    );
+    other_partitions_serve(&server.address).await;
+    server.stop();
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        damaged,
+        "the segment was left as it was"
+    );
+
+    // Nothing acknowledged was dropped: with the byte repaired, every key is there.
+    std::fs::write(&segment, &intact).unwrap();
+    let server = start(dir.path());
+    assert_all_there(&server.address, &keys).await;
+}
+
+/// A tmpfs mounted for the life of the value (unmounted lazily on drop).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. "8m") on `dir`; `None` when this process may not mount.
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .ok()?;
+        status.success().then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Puts `key` with a value of `bytes` bytes; the error, if any.
+async fn put_large(client: &Client, key: &str, bytes: usize) -> Result<(), cairn_client::Error> {
+    let entry = PutEntry {
+        key: Bytes::from(key.to_string()),
+        value: Bytes::from(vec![b'x'; bytes]),
+        ttl: None,
+    };
+    client.put(vec![entry]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_log_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
+    const VALUE_BYTES: usize = 256 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().join("log");
+    // A real full file system under the log: only a privileged run can mount one.
+    let Some(_tmpfs) = Tmpfs::mount(&log_dir, "8m") else {
+        assert_ne!(
+            effective_uid(),
+            0,
+            "running as root, yet a tmpfs could not be mounted"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    // Room that the test frees later, as an operator would.
+    let filler = log_dir.join("filler");
+    std::fs::write(&filler, vec![0u8; 3 << 20]).unwrap();
+
+    let server = Server::start_with(
+        dir.path(),
+        &[],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
+        ],
+    );
+    let client = client(&server.address).await;
+    let keys = keys_of(DAMAGED, "big", 100);
+    let mut acknowledged = Vec::new();
+    let mut refusal = None;
+    for key in &keys {
+        match put_large(&client, key, VALUE_BYTES).await {
+            Ok(()) => acknowledged.push(key.clone()),
+            Err(err) => {
+                refusal = Some(err);
+                break;
+            }
+        }
+    }
+    let refusal = refusal.expect("8 MiB filled up");
+    assert_eq!(
+        refusal.code(),
+        Some(cairn_client::Code::ResourceExhausted),
+        "{refusal}"
+    );
+    let message = refusal.to_string();
+    assert!(
+        message.contains(&log_dir.display().to_string()),
+        "{message}"
+    );
+    assert!(message.contains("full"), "{message}");
+    assert!(!acknowledged.is_empty());
+
+    // Still full: writes keep being refused the same way, reads are served, nothing is stopped.
+    let again = put_large(&client, "one-more", VALUE_BYTES)
+        .await
+        .expect_err("the disk is still full");
+    assert_eq!(again.code(), Some(cairn_client::Code::ResourceExhausted));
+    let first = vec![Bytes::from(acknowledged[0].clone())];
+    assert_eq!(
+        client.get(first).await.unwrap()[0]
+            .as_ref()
+            .map(|v| v.len()),
+        Some(VALUE_BYTES)
+    );
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+
+    // Space is back: writes succeed again without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    for key in ["after-1", "after-2"] {
+        put_large(&client, key, VALUE_BYTES).await.unwrap();
+        acknowledged.push(key.to_string());
+    }
+
+    // Nothing acknowledged was lost, also across a crash and recovery.
+    server.kill();
+    let server = Server::start_with(
+        dir.path(),
+        &[],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
+        ],
+    );
+    let client = self::client(&server.address).await;
+    let wanted: Vec<Bytes> = acknowledged
+        .iter()
+        .map(|k| Bytes::from(k.clone()))
+        .collect();
+    let values = client.get(wanted).await.unwrap();
+    for (key, value) in acknowledged.iter().zip(values) {
+        assert_eq!(value.map(|v| v.len()), Some(VALUE_BYTES), "key {key}");
+    }
+    server.stop();
+}
+
+/// The effective user id, from `/proc/self/status` (no libc dependency in the tests).
+fn effective_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(u32::MAX)
+}
