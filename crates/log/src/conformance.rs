@@ -486,3 +486,43 @@ pub async fn opening_twice_returns_the_same_log(provider: &dyn LogProvider) {
     assert_eq!(lsns, [Lsn(1), Lsn(2)]);
     assert_eq!(state(&x).await, log_state(0, 2));
 }
+
+/// Not one of [`CASES`]: it needs `log`'s provider to fail appends on demand (`fail(true)` until
+/// `fail(false)`), as a full disk or a failing device would, which only the provider's own tests
+/// can arrange. Every provider that can fail an append runs it with its own way of failing.
+///
+/// A failed append is the caller's error only: nothing of it becomes readable, reads and tail
+/// waits go on meanwhile, and appends succeed again, densely, once the cause is gone.
+pub async fn a_failed_append_stops_neither_reads_nor_later_appends(
+    log: Arc<dyn Loglet>,
+    fail: &(dyn Fn(bool) + Send + Sync),
+) {
+    append_numbered(&log, "x", 1, 3).await;
+    let waiter = tokio::spawn({
+        let log = log.clone();
+        async move { log.wait_for_tail(Lsn(4)).await }
+    });
+
+    fail(true);
+    for _ in 0..2 {
+        let failed = log.append(vec![payload("lost")]).await;
+        assert!(failed.is_err(), "the append should have failed: {failed:?}");
+        assert_eq!(read(&log, 1, 10).await, numbered("x", 1, 3));
+        assert_eq!(state(&log).await, log_state(0, 3));
+    }
+    assert_pending(
+        "wait_for_tail(4) while appends fail",
+        log.wait_for_tail(Lsn(4)),
+    )
+    .await;
+    assert!(!waiter.is_finished(), "a failed append ended a tail wait");
+
+    fail(false);
+    append_numbered(&log, "x", 4, 5).await;
+    tokio::time::timeout(PATIENCE, waiter)
+        .await
+        .expect("wait_for_tail(4) should wake once LSN 4 is appended")
+        .expect("the waiting task")
+        .expect("wait_for_tail(4)");
+    assert_eq!(read(&log, 1, 10).await, numbered("x", 1, 5));
+}

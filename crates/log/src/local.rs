@@ -1557,6 +1557,32 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn conformance_a_full_disk_stops_neither_reads_nor_later_appends() {
+        let dir = TempDir::new().expect("temporary directory");
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        let faults = log.faults();
+        crate::conformance::a_failed_append_stops_neither_reads_nor_later_appends(
+            log,
+            &move |on| faults.disk_full.store(on, Ordering::SeqCst),
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn conformance_a_failed_sync_stops_neither_reads_nor_later_appends() {
+        let dir = TempDir::new().expect("temporary directory");
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        let faults = log.faults();
+        crate::conformance::a_failed_append_stops_neither_reads_nor_later_appends(
+            log,
+            &move |on| faults.sync_fails.store(on, Ordering::SeqCst),
+        )
+        .await;
+    }
+
     fn provider(dir: &Path, options: LocalLogOptions) -> LocalLogProvider {
         LocalLogProvider::open(dir, options).expect("open provider")
     }
