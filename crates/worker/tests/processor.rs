@@ -509,3 +509,105 @@ async fn a_full_disk_fails_writes_only_and_the_partition_recovers_by_itself() {
         ]
     );
 }
+
+type LogFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = cairn_log::Result<T>> + Send + 'a>>;
+
+/// A real local log whose reads hang once `hung` is set, as on a disk that stopped answering.
+/// (Written out by hand: this crate does not depend on `async-trait`.)
+struct HangingReads {
+    log: Arc<dyn Loglet>,
+    hung: std::sync::atomic::AtomicBool,
+}
+
+impl Loglet for HangingReads {
+    fn log_id(&self) -> LogId {
+        self.log.log_id()
+    }
+
+    fn append<'s, 'f>(&'s self, payloads: Vec<Bytes>) -> LogFuture<'f, cairn_types::Lsn>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.log.append(payloads)
+    }
+
+    fn read<'s, 'f>(
+        &'s self,
+        from: cairn_types::Lsn,
+        max_records: usize,
+    ) -> LogFuture<'f, Vec<cairn_log::Entry>>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        if self.hung.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.log.read(from, max_records)
+    }
+
+    fn wait_for_tail<'s, 'f>(&'s self, lsn: cairn_types::Lsn) -> LogFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.log.wait_for_tail(lsn)
+    }
+
+    fn trim<'s, 'f>(&'s self, up_to: cairn_types::Lsn) -> LogFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.log.trim(up_to)
+    }
+
+    fn state<'s, 'f>(&'s self) -> LogFuture<'f, cairn_log::LogState>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.log.state()
+    }
+}
+
+#[tokio::test]
+async fn taking_the_leadership_gives_up_when_the_processor_stops_moving() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let log = Arc::new(HangingReads {
+        log: f.log.clone(),
+        hung: std::sync::atomic::AtomicBool::new(false),
+    });
+    let partition = Partition::start(
+        KeyRange::of_partition(PID, 1),
+        NodeId("n1".into()),
+        stores.open_or_create_partition(PID).unwrap(),
+        log.clone(),
+        Arc::new(ManualClock::new(1_000)),
+    )
+    .unwrap();
+    partition.become_leader(Epoch(1)).await.unwrap();
+    partition.put(put("k", "v", None)).await.unwrap();
+
+    log.hung.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The processor's next read hangs; the announcement is appended but never applied.
+    let started = std::time::Instant::now();
+    let err = partition
+        .become_leader_within(Epoch(2), std::time::Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    match &err {
+        Error::TimedOut { applied, tail, .. } => assert_eq!((applied.0, tail.0), (2, 3)),
+        other => panic!("expected a timeout, got {other}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("made no progress"), "{message}");
+    assert!(
+        message.contains("cairnctl partitions restore -p 0"),
+        "{message}"
+    );
+}
