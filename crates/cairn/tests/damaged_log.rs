@@ -10,7 +10,7 @@ use cairn_client::{Client, ClientOptions, PutEntry};
 use cairn_types::keys::partition_for_key;
 use cairn_types::{PartitionId, partition_key};
 use std::path::{Path, PathBuf};
-use support::{Server, cairnctl, created_id, fails, ok};
+use support::{Server, cairnctl, created_id, fails, ok, run_cairn};
 
 const PARTITIONS: u16 = 4;
 /// The partition whose log the tests damage.
@@ -140,7 +140,7 @@ async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
             format!("up to LSN {applied}"),
             format!("ends at LSN {}", applied - 1),
             "cairnctl partitions restore -p 2".to_string(),
-            "cairn drop-partition".to_string(),
+            "cairn drop-partition -p 2 --base-dir".to_string(),
         ] {
             assert!(status.contains(&needle), "{needle:?} missing: {status}");
         }
@@ -181,6 +181,56 @@ async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
     let (applied_now, tail_now, status) = partition_row(&server.address, DAMAGED).await;
     assert_eq!(status, "active");
     assert_eq!(applied_now, tail_now);
+}
+
+/// Writes `keys` to the damaged partition one record each, stops the node and cuts the last few
+/// bytes of the partition's newest segment: the last key's record is lost from the log. Returns
+/// the store's applied LSN.
+async fn write_then_cut_the_log(dir: &Path, keys: &[String]) -> u64 {
+    let server = start(dir);
+    put_each(&server.address, keys).await;
+    let (applied, _, _) = partition_row(&server.address, DAMAGED).await;
+    server.stop();
+    let segment = last_segment(dir, DAMAGED);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    applied
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_cut_at_its_tail_can_be_accepted_by_dropping_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 6);
+    let applied = write_then_cut_the_log(dir.path(), &keys).await;
+
+    // The operator accepts the loss the message offers: drop the store, rebuild it from the log.
+    let base_dir = dir.path().to_str().unwrap();
+    let dropped = ok(run_cairn(
+        &["drop-partition", "--base-dir", base_dir, "-p", "2", "-y"],
+        &[("CAIRN_NUM_PARTITIONS", "4")],
+    ));
+    assert!(
+        dropped.contains("Dropped the store of partition 2"),
+        "{dropped}"
+    );
+    let server = start(dir.path());
+    let (applied_now, tail_now, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    // Replayed to the cut, then one announcement: at the LSN of the lost record, now a new one.
+    assert_eq!((applied_now, tail_now), (applied, applied));
+    let (lost, kept) = keys.split_last().unwrap();
+    assert_all_there(&server.address, kept).await;
+    let values = client(&server.address)
+        .await
+        .get(vec![Bytes::from(lost.clone())])
+        .await
+        .unwrap();
+    assert_eq!(values, vec![None], "only the cut record is lost");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
