@@ -44,10 +44,11 @@
 //!
 //! - An append is acknowledged only after its bytes were written and `fdatasync`ed, and, if it
 //!   created a segment file, after the directory was fsynced too, so the file's name is as durable
-//!   as its content (the same goes for the log's directory and the provider's). A crash before the acknowledgement may leave any part of the batch on disk
-//!   (a prefix, garbage, or, since pages reach the disk in any order, valid records after a hole).
-//!   Such an append was never acknowledged, so keeping a valid prefix of it, or none of it, are
-//!   both correct outcomes.
+//!   as its content (the same goes for the log's directory and the provider's). A crash before
+//!   the acknowledgement may leave any part of the batch on disk (a prefix, garbage, or, since
+//!   pages reach the disk in any order, valid records after a hole). Such an append was never
+//!   acknowledged, so keeping a valid prefix of it, or none of it, are both correct outcomes;
+//!   valid records after a hole are the one case recovery refuses (below).
 //! - Before the writer starts a new segment it syncs the previous one. So the only segment that
 //!   can hold an unsynced, possibly torn tail is the last one; damage in an older segment cannot
 //!   come from a crash, and recovery refuses it as [`Error::Corrupt`].
@@ -67,10 +68,12 @@
 //!
 //!   The price of that rule: a crash in the middle of a batch whose pages reached the disk out
 //!   of order (a hole, then valid records of the same never-acknowledged batch) is also refused,
-//!   and needs an operator, where cutting would have been correct. A false alarm that stops one
-//!   log is preferred to silently losing acknowledged writes; random bytes pass the plausibility
-//!   check and a 32-bit checksum at one offset with a chance of about 2^-32, so garbage alone
-//!   does not make a torn tail look like corruption.
+//!   and needs an operator (who, knowing no write was acknowledged past that offset, cuts the
+//!   file there), where cutting would have been correct. A false alarm that stops one log is
+//!   preferred to silently losing acknowledged writes. Random bytes pass the plausibility check
+//!   and a 32-bit checksum at one offset with a chance of about 2^-32, so garbage alone does not
+//!   make a torn tail look like corruption; the scan costs one pass over the rest of the
+//!   segment, only when recovery finds damage.
 //! - The trim point is written to a temporary file, synced, renamed over `trim-point` and the
 //!   directory synced. Rename is atomic, so the file holds the old or the new trim point, never a
 //!   mix. Segments are deleted only after the new trim point is durable; a crash between the two
