@@ -693,6 +693,14 @@ impl Writer {
                     log_id = %self.shared.log_id, %error, context,
                     "log write failed; the batch is refused and its bytes are cut from the log"
                 );
+                // Cut before answering, so that whoever sees the error finds the log as it was.
+                if let Err((context, error)) = self.cut_unpublished() {
+                    tracing::error!(
+                        log_id = %self.shared.log_id, %error, context,
+                        "cannot cut the bytes of a failed write; appends are refused until it can"
+                    );
+                    self.failed = Some((context, error));
+                }
                 let (kind, message) = (error.kind(), error.to_string());
                 let mut source = Some(error);
                 for (_, reply) in appends {
@@ -700,13 +708,6 @@ impl Writer {
                         .take()
                         .unwrap_or_else(|| io::Error::new(kind, message.clone()));
                     let _ = reply.send(Err(self.shared.write_error(context, source)));
-                }
-                if let Err((context, error)) = self.cut_unpublished() {
-                    tracing::error!(
-                        log_id = %self.shared.log_id, %error, context,
-                        "cannot cut the bytes of a failed write; appends are refused until it can"
-                    );
-                    self.failed = Some((context, error));
                 }
             }
         }
@@ -843,7 +844,12 @@ impl Writer {
             self.buf = Vec::new();
         }
 
-        let tail = next - 1;
+        self.publish(updates, next - 1);
+        Ok(lasts)
+    }
+
+    /// Makes a durable batch readable: its segments' new lengths and index entries, and the tail.
+    fn publish(&mut self, updates: Vec<SegmentUpdate>, tail: u64) {
         {
             let mut state = self.shared.state.lock();
             for update in updates {
@@ -863,7 +869,6 @@ impl Writer {
         self.shared.durable.send_modify(|d| d.tail = tail);
         #[cfg(any(test, feature = "test-util"))]
         self.shared.batches.fetch_add(1, Ordering::Relaxed);
-        Ok(lasts)
     }
 
     fn flush(&mut self) -> Result<(), (&'static str, io::Error)> {
@@ -1222,29 +1227,9 @@ fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recov
         }
     }
 
-    // Wholly trimmed segments left over from a crashed trim. Segments are contiguous, so their
-    // last LSNs only grow and these are all at the front.
-    while let Some(segment) = segments.front()
-        && segment.last_lsn <= trim_point
-    {
-        let segment = segments.pop_front().expect("checked");
-        if segments.is_empty() {
-            last_file = None;
-        }
-        remove_trimmed(log_id, &segment.path)?;
-    }
-    if let Some(first) = segments.front()
-        && first.first_lsn > trim_point + 1
-    {
-        return Err(corrupt(
-            log_id,
-            &first.path,
-            format!(
-                "the log continues after the trim point {trim_point}, but its first segment \
-                 starts at LSN {}: records are missing",
-                first.first_lsn
-            ),
-        ));
+    drop_trimmed_segments(log_id, &mut segments, trim_point)?;
+    if segments.is_empty() {
+        last_file = None;
     }
 
     let active = match (segments.back(), last_file) {
@@ -1265,6 +1250,36 @@ fn recover(log_id: LogId, dir: &Path, options: &LocalLogOptions) -> Result<Recov
         active,
         lock,
     })
+}
+
+/// Deletes the wholly trimmed segments left over from a crashed trim, and checks that the rest
+/// continues right after the trim point.
+fn drop_trimmed_segments(
+    log_id: LogId,
+    segments: &mut VecDeque<Segment>,
+    trim_point: u64,
+) -> Result<()> {
+    // Segments are contiguous, so their last LSNs only grow and these are all at the front.
+    while let Some(segment) = segments.front()
+        && segment.last_lsn <= trim_point
+    {
+        let segment = segments.pop_front().expect("checked");
+        remove_trimmed(log_id, &segment.path)?;
+    }
+    if let Some(first) = segments.front()
+        && first.first_lsn > trim_point + 1
+    {
+        return Err(corrupt(
+            log_id,
+            &first.path,
+            format!(
+                "the log continues after the trim point {trim_point}, but its first segment \
+                 starts at LSN {}: records are missing",
+                first.first_lsn
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn io_err(log_id: LogId, context: &'static str) -> impl FnOnce(io::Error) -> Error {
