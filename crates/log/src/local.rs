@@ -779,6 +779,11 @@ impl Writer {
             file.set_len(len)
                 .map_err(|e| ("cutting a failed write from a segment", e))?;
             if self.shared.options.fsync {
+                #[cfg(any(test, feature = "test-util"))]
+                self.shared
+                    .faults
+                    .check_sync()
+                    .map_err(|e| ("cutting a failed write from a segment", e))?;
                 file.sync_data()
                     .map_err(|e| ("cutting a failed write from a segment", e))?;
             }
@@ -1892,7 +1897,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_batch_whose_sync_failed_is_cut_and_never_acknowledged_later() {
+    async fn a_failed_sync_is_cut_and_appends_wait_until_the_cut_is_durable() {
         let dir = TempDir::new().expect("temporary directory");
         {
             let provider = provider(dir.path(), LocalLogOptions::default());
@@ -1910,6 +1915,17 @@ mod tests {
                 other => panic!("expected an I/O error, got {other:?}"),
             }
             assert_log_holds(&log, 3).await;
+            // The cut of the failed batch could not be synced either: every append first tries
+            // it again and is refused while it fails; reads go on.
+            for _ in 0..2 {
+                match log.append(vec![record(4)]).await {
+                    Err(Error::Io { context, .. }) => {
+                        assert_eq!(context, "cutting a failed write from a segment")
+                    }
+                    other => panic!("expected the cut to fail again, got {other:?}"),
+                }
+                assert_log_holds(&log, 3).await;
+            }
             faults.sync_fails.store(false, Ordering::SeqCst);
             append_records(&log, 4, 5).await;
             assert_log_holds(&log, 5).await;
