@@ -12,19 +12,25 @@
 //! folder and its metadata and gives back files and metadata; producing the export and importing
 //! it are the partition store's job. It is the only crate that talks to the object store.
 
+mod cluster;
 mod error;
 mod id;
 mod metadata;
 pub mod repository;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
+pub use cluster::ClusterIdentity;
 pub use error::{Error, FileProblem, Result};
 pub use id::SnapshotId;
 pub use metadata::{
     Checksum, METADATA_VERSION, MetadataVersion, PublishStats, SnapshotFile, SnapshotMetadata,
 };
 pub use repository::{
-    DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LatestRead,
-    LatestSnapshot, ProgressFn, PublishOptions, PublishReport, PublishStep, RepositoryOptions,
-    RetainedSnapshot, SnapshotRepository, SnapshotSummary, UploadReport, VerifyReport,
-    snapshot_folder,
+    DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LATEST_JSON_BYTES_MAX,
+    LatestRead, LatestSnapshot, METADATA_JSON_BYTES_MAX, ProgressFn, PublishOptions, PublishReport,
+    RepositoryOptions, RetainedSnapshot, SnapshotListing, SnapshotRepository, SnapshotSummary,
+    UnreadablePartition, VerifyReport, snapshot_folder,
 };
+#[cfg(feature = "test-util")]
+pub use repository::{PublishStep, UploadReport};
