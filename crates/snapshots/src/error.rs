@@ -52,8 +52,8 @@ pub enum Error {
     /// `find` did not find the snapshot, but some partitions could not be searched.
     #[error(
         "snapshot {snapshot_id} is not in any readable partition of the repository at \
-         {destination}; the latest.json of partition(s) {partitions:?} could not be read (it \
-         may be there): {source}"
+         {destination}; the latest.json of partition(s) {} could not be read (it may be \
+         there): {source}", comma_separated(.partitions)
     )]
     SnapshotNotFoundInReadable {
         snapshot_id: SnapshotId,
@@ -227,6 +227,14 @@ impl Error {
             _ => false,
         }
     }
+}
+
+fn comma_separated(partitions: &[PartitionId]) -> String {
+    partitions
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
