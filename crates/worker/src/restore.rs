@@ -116,7 +116,7 @@ impl Restorer {
     /// partition's processor must not be running.
     pub async fn restore(
         &self,
-        stores: &PartitionStoreManager,
+        stores: &Arc<PartitionStoreManager>,
         partition: PartitionId,
         log: LogState,
         pinned: Option<SnapshotId>,
@@ -208,7 +208,7 @@ impl Restorer {
     /// left as it was; an `Err` means the store may have been dropped.
     async fn try_restore(
         &self,
-        stores: &PartitionStoreManager,
+        stores: &Arc<PartitionStoreManager>,
         partition: PartitionId,
         log: LogState,
         snapshot_id: SnapshotId,
@@ -269,12 +269,25 @@ impl Restorer {
             "Initializing partition store from snapshot"
         );
         let started = Instant::now();
-        if let Err(reason) = self.import(stores, partition, &staging, &metadata, files)? {
+        // RocksDB and file-system calls: off the async threads.
+        let marker = self.marker(partition);
+        let imported = {
+            let (stores, marker, staging) = (stores.clone(), marker.clone(), staging.clone());
+            let metadata = metadata.clone();
+            tokio::task::spawn_blocking(move || {
+                import(&stores, &marker, partition, &staging, &metadata, files)
+            })
+            .await
+            .map_err(|e| restore_error(partition, "import the snapshot", e))??
+        };
+        if let Err(reason) = imported {
             let _ = tokio::fs::remove_dir_all(&staging).await;
             return Ok(Attempt::Refused(reason));
         }
         crate::testing::pause_point("restore-import").await;
-        self.unmark(partition)?;
+        tokio::task::spawn_blocking(move || unmark(&marker, partition))
+            .await
+            .map_err(|e| restore_error(partition, "remove the import mark", e))??;
         let import = started.elapsed();
         let _ = tokio::fs::remove_dir_all(self.staging_dir(partition)).await;
         Ok(Attempt::Restored(Restored {
@@ -355,63 +368,60 @@ impl Restorer {
         }
         Ok(())
     }
+}
 
-    /// Replaces the partition's store with the staged files. `Ok(Err(reason))`: RocksDB refused
-    /// the files or they do not hold what the metadata says; the partition has no store then, and
-    /// the caller may try an older snapshot.
-    fn import(
-        &self,
-        stores: &PartitionStoreManager,
-        partition: PartitionId,
-        staging: &Path,
-        metadata: &SnapshotMetadata,
-        files: Vec<ExportedFile>,
-    ) -> Result<std::result::Result<(), String>> {
-        // Drop first, then mark: the mark must only ever stand for a column family that may be
-        // partial, never for the old, complete store.
+/// Replaces the partition's store with the staged files. `Ok(Err(reason))`: RocksDB refused
+/// the files or they do not hold what the metadata says; the partition has no store then, and
+/// the caller may try an older snapshot.
+fn import(
+    stores: &PartitionStoreManager,
+    marker: &Path,
+    partition: PartitionId,
+    staging: &Path,
+    metadata: &SnapshotMetadata,
+    files: Vec<ExportedFile>,
+) -> Result<std::result::Result<(), String>> {
+    // Drop first, then mark: the mark must only ever stand for a column family that may be
+    // partial, never for the old, complete store.
+    if stores.partition(partition).is_some() {
+        stores
+            .drop_partition(partition)
+            .map_err(|e| restore_error(partition, "drop the old store", e))?;
+    }
+    write_synced(marker, metadata.snapshot_id.to_string().as_bytes())
+        .map_err(|e| restore_error(partition, "mark the import", e))?;
+    let refused = |reason: String| -> Result<std::result::Result<(), String>> {
         if stores.partition(partition).is_some() {
             stores
                 .drop_partition(partition)
-                .map_err(|e| restore_error(partition, "drop the old store", e))?;
+                .map_err(|e| restore_error(partition, "drop a refused import", e))?;
         }
-        let marker = self.marker(partition);
-        write_synced(&marker, metadata.snapshot_id.to_string().as_bytes())
-            .map_err(|e| restore_error(partition, "mark the import", e))?;
-        let refused = |reason: String| -> Result<std::result::Result<(), String>> {
-            if stores.partition(partition).is_some() {
-                stores
-                    .drop_partition(partition)
-                    .map_err(|e| restore_error(partition, "drop a refused import", e))?;
-            }
-            self.unmark(partition)?;
-            Ok(Err(reason))
+        unmark(marker, partition)?;
+        Ok(Err(reason))
+    };
+    let store =
+        match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files) {
+            Ok(store) => store,
+            Err(e) => return refused(format!("RocksDB refused its files: {e}")),
         };
-        let store =
-            match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files)
-            {
-                Ok(store) => store,
-                Err(e) => return refused(format!("RocksDB refused its files: {e}")),
-            };
-        match store.applied_lsn() {
-            Ok(applied) if applied == metadata.min_applied_lsn => Ok(Ok(())),
-            Ok(applied) => refused(format!(
-                "its metadata says it holds LSN {} but its files hold LSN {applied}",
-                metadata.min_applied_lsn
-            )),
-            Err(e) => refused(format!("its applied LSN cannot be read: {e}")),
-        }
+    match store.applied_lsn() {
+        Ok(applied) if applied == metadata.min_applied_lsn => Ok(Ok(())),
+        Ok(applied) => refused(format!(
+            "its metadata says it holds LSN {} but its files hold LSN {applied}",
+            metadata.min_applied_lsn
+        )),
+        Err(e) => refused(format!("its applied LSN cannot be read: {e}")),
     }
+}
 
-    /// Marks the import of `partition` complete.
-    fn unmark(&self, partition: PartitionId) -> Result<()> {
-        let marker = self.marker(partition);
-        std::fs::remove_file(&marker)
-            .map_err(|e| restore_error(partition, "remove the import mark", e))?;
-        if let Some(parent) = marker.parent() {
-            let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
-        }
-        Ok(())
+/// Marks the import of `partition` complete.
+fn unmark(marker: &Path, partition: PartitionId) -> Result<()> {
+    std::fs::remove_file(marker)
+        .map_err(|e| restore_error(partition, "remove the import mark", e))?;
+    if let Some(parent) = marker.parent() {
+        let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
     }
+    Ok(())
 }
 
 enum Attempt {

@@ -979,13 +979,16 @@ async fn restore_into_fresh_store(
     label: &str,
     dir: &Path,
     expected: &Expected,
-) -> anyhow::Result<(PartitionStoreManager, Restored, Duration)> {
+) -> anyhow::Result<(Arc<PartitionStoreManager>, Restored, Duration)> {
     let snapshot_bytes = expected.snapshot_bytes;
     let log = LogState {
         trim_point: Lsn::ZERO,
         tail: expected.tail_lsn,
     };
-    let stores = PartitionStoreManager::open(&dir.join("db"), &StoreOptions::default())?;
+    let stores = Arc::new(PartitionStoreManager::open(
+        &dir.join("db"),
+        &StoreOptions::default(),
+    )?);
     let restorer = Restorer::new(
         repository.clone(),
         dir.join("restore-staging"),
