@@ -317,3 +317,46 @@ async fn an_unreadable_latest_json_spoils_only_its_own_partition() {
     let err = fails(cairnctl(&a, &["snapshots", "list", "-p", "2"]));
     assert!(err.contains("1048576 bytes"), "{err}");
 }
+
+/// Issue 8, item 9: a stored SST far larger than its metadata says (here a sparse file of
+/// 64 GiB, which takes no disk) is refused by a restore at once: nothing is copied past the
+/// declared size, and the partition keeps serving from its own store.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_refuses_an_object_larger_than_declared_without_copying_it() {
+    let base = tempfile::tempdir().unwrap();
+    let repository = base.path().join("pp-snapshots");
+    let keys = keys_of_partition("k", 0, 200);
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    put_keys(&a, &keys, 20).await;
+    let snapshot = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    let victim = snapshot_object_keys(&a, &snapshot)[0].clone();
+    let path = repository.join("0").join(&victim);
+    let declared = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(64 * 1024 * 1024 * 1024)
+        .unwrap();
+
+    let started = Instant::now();
+    let err = fails(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(
+        err.contains(&format!(
+            "larger than its declared size of {declared} bytes"
+        )),
+        "{err}"
+    );
+    let staged: u64 = std::fs::read_dir(base.path().join("restore-staging"))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    assert!(staged <= declared + 1, "{staged} bytes staged");
+    assert_keys_there(&a, &keys).await;
+}
