@@ -431,6 +431,11 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
          writes metadata.json and latest.json; the plain copies move the bytes once"
     );
     println!(
+        "- the incremental publish reuses files this process uploaded, so it checks each with a \
+         HEAD; a publish in a fresh process also reads every reused file back once to check its \
+         bytes, which these figures do not include"
+    );
+    println!(
         "- local publish syncs each file and its folder (object_store with fsync), so the plain \
          copies sync each file and the folder too; all write to {}; fs::copy uses \
          copy_file_range, which keeps the bytes in the kernel",
