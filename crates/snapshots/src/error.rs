@@ -66,7 +66,8 @@ pub enum Error {
 
     #[error(
         "{location} is larger than the {limit} bytes Cairn reads for {what} (at least {size} \
-         bytes): Cairn did not write it; restore it from a backup or remove it"
+         bytes): Cairn did not write it; put back the one Cairn wrote, from a backup (removing \
+         it would hide the snapshots it names)"
     )]
     TooLarge {
         location: String,
