@@ -10,7 +10,9 @@ use cairn_snapshots::{Error, FileProblem, LATEST_JSON_BYTES_MAX, PublishOptions}
 use cairn_types::{Lsn, PartitionId};
 use object_store::{ObjectStoreExt, PutPayload};
 use std::time::Duration;
-use support::{Backend, cluster, export, export_of, random_bytes, recreated_cluster, repository};
+use support::{
+    Backend, cluster, export, export_of, object_bytes, random_bytes, recreated_cluster, repository,
+};
 
 const P: PartitionId = PartitionId(1);
 
@@ -20,6 +22,7 @@ scenarios!(
     an_object_larger_than_declared_is_refused_before_it_is_read,
     an_unreadable_latest_json_leaves_the_other_partitions_readable,
     an_oversized_latest_json_is_refused_naming_the_bound,
+    unlabelled_entries_are_adopted_by_their_own_clusters_next_publish,
 );
 
 async fn a_recreated_cluster_counts_only_its_own_snapshots_and_deletes_none_of_the_old(
@@ -294,4 +297,58 @@ async fn local_a_huge_object_is_refused_without_being_copied() {
         "{err}"
     );
     assert!(err.to_string().contains("1469"), "{err}");
+}
+
+/// `latest.json` as a build before cluster-labelled entries wrote it: the next publish of the
+/// cluster that took those snapshots (by their `metadata.json`) counts them as its own again;
+/// another cluster's publish leaves them alone.
+async fn unlabelled_entries_are_adopted_by_their_own_clusters_next_publish(backend: Backend) {
+    let repo = repository(backend);
+    let old = export(1, 10, &[("000001.sst", random_bytes(1, 100))]);
+    repo.publish(old.path(), old.metadata.clone())
+        .await
+        .unwrap();
+    let mut document: serde_json::Value =
+        serde_json::from_slice(&object_bytes(&repo, 1, "latest.json").await).unwrap();
+    for entry in document["retained"].as_array_mut().unwrap() {
+        entry.as_object_mut().unwrap().remove("cluster");
+    }
+    repo.object_store()
+        .put(
+            &repo.object_path(P, "latest.json"),
+            PutPayload::from(serde_json::to_vec(&document).unwrap()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        repo.latest(P).await.unwrap().is_none(),
+        "unlabelled: no one's"
+    );
+
+    let other = repo.for_cluster(recreated_cluster());
+    let theirs = export_of(
+        &recreated_cluster(),
+        1,
+        5,
+        &[("000002.sst", random_bytes(2, 100))],
+    );
+    other
+        .publish(theirs.path(), theirs.metadata.clone())
+        .await
+        .unwrap();
+    let retained = other.latest(P).await.unwrap().unwrap().retained;
+    assert_eq!(retained.len(), 1, "{retained:?}");
+
+    let newer = export(1, 20, &[("000003.sst", random_bytes(3, 100))]);
+    repo.publish(newer.path(), newer.metadata.clone())
+        .await
+        .unwrap();
+    let latest = repo.latest(P).await.unwrap().unwrap();
+    let ids: Vec<_> = latest.retained.iter().map(|r| r.snapshot_id).collect();
+    assert_eq!(ids, vec![newer.id(), old.id()]);
+    assert_eq!(latest.archived_lsn, Lsn(10));
+    assert_eq!(
+        other.latest(P).await.unwrap().unwrap().snapshot_id,
+        theirs.id()
+    );
 }

@@ -27,7 +27,9 @@
 //!
 //! Readers use [`LatestSnapshot::of_cluster`]: the view of one cluster's entries with its own
 //! archived LSN. An entry without an identity (written before entries carried one) belongs to no
-//! cluster: it counts for none and is kept, like another cluster's, until an operator removes it.
+//! cluster until the next publish of the cluster its `metadata.json` names, which labels it as
+//! its own; one whose `metadata.json` names no creation time counts for none and is kept, like
+//! another cluster's, until an operator removes it.
 //! Another cluster's entries stay visible to the garbage collector, which keeps what they
 //! reference.
 //!

@@ -116,7 +116,10 @@ impl SnapshotRepository {
             Some(base) => base,
             None => self.read_latest(partition).await?,
         };
-        self.check_newer_than_latest(&metadata, &base)?;
+        let previous = self
+            .adopt_own_unlabelled(partition, base.latest.clone())
+            .await;
+        self.check_newer_than_latest(&metadata, previous.as_ref())?;
 
         // 1. SST files.
         let uploaded = self
@@ -138,12 +141,8 @@ impl SnapshotRepository {
             path: folder.clone(),
             cluster: Some(self.cluster.clone()),
         };
-        let (latest, evicted) = LatestSnapshot::with_newest(
-            base.latest.as_ref(),
-            partition,
-            newest,
-            options.num_retained,
-        );
+        let (latest, evicted) =
+            LatestSnapshot::with_newest(previous.as_ref(), partition, newest, options.num_retained);
         self.swap_latest(partition, &base.version, &latest).await?;
         let duration = started.elapsed();
         let gc = self.collect_evicted(&metadata, &evicted, &options).await;
@@ -207,10 +206,10 @@ impl SnapshotRepository {
     fn check_newer_than_latest(
         &self,
         metadata: &SnapshotMetadata,
-        base: &LatestRead,
+        previous: Option<&LatestSnapshot>,
     ) -> Result<()> {
         let (partition, snapshot_id) = (metadata.partition_id, metadata.snapshot_id);
-        let Some(latest) = &base.latest else {
+        let Some(latest) = previous else {
             return Ok(());
         };
         if latest.retained.iter().any(|r| r.snapshot_id == snapshot_id) {
@@ -231,6 +230,33 @@ impl SnapshotRepository {
             });
         }
         Ok(())
+    }
+
+    /// `latest` with its entries that name no cluster (written before entries named one)
+    /// labelled as this cluster's where their `metadata.json` says they are: the first publish
+    /// after an upgrade adopts its cluster's older snapshots, so retention counts them. An entry
+    /// whose `metadata.json` cannot be read or names no creation time stays unlabelled: it counts
+    /// for no cluster and is kept.
+    async fn adopt_own_unlabelled(
+        &self,
+        partition: PartitionId,
+        latest: Option<LatestSnapshot>,
+    ) -> Option<LatestSnapshot> {
+        let mut latest = latest?;
+        for entry in latest.retained.iter_mut().filter(|r| r.cluster.is_none()) {
+            let ours = match self.read_metadata(partition, entry).await {
+                Ok((_, metadata)) => {
+                    metadata.cluster_name == self.cluster.cluster_name
+                        && metadata.cluster_created_at.as_deref()
+                            == Some(self.cluster.cluster_created_at.as_str())
+                }
+                Err(_) => false,
+            };
+            if ours {
+                entry.cluster = Some(self.cluster.clone());
+            }
+        }
+        Some(latest)
     }
 
     /// Puts every file of the export in `ssts/` (uploading those not there, checking those
