@@ -4,9 +4,10 @@
 //! `metadata.json` ([`SnapshotMetadata`]), identified by a [`SnapshotId`]. The
 //! [`SnapshotRepository`] publishes snapshots to a local folder or an S3 bucket incrementally (an
 //! SST already uploaded by an older snapshot is shared, not uploaded again), lists, verifies,
-//! downloads and exports them, and deletes what no retained snapshot needs any more. See
-//! [`repository`] for the object layout and its guarantees, and [`repository::gc`] for garbage
-//! collection.
+//! downloads and exports them, and deletes what no retained snapshot needs any more. It is
+//! opened for one [`ClusterIdentity`] and counts only that cluster's snapshots, so a cluster
+//! re-created under the same name never relies on the old one's. See [`repository`] for the
+//! object layout and its guarantees, and [`repository::gc`] for garbage collection.
 //!
 //! Architecture invariant: this crate knows nothing of RocksDB, logs or gRPC. It takes an export
 //! folder and its metadata and gives back files and metadata; producing the export and importing

@@ -14,29 +14,11 @@
 //! between processes and between tasks of one process, because each swap opens the lock file anew.
 //!
 //! # Clusters sharing one `latest.json`
-//! Two clusters of one name that share a repository (one re-created on a reset base dir) share
-//! each partition's `latest.json`. Every retained entry names the [`ClusterIdentity`] that
-//! published it, and a publish
-//!
-//! - puts its snapshot first, then its own cluster's older entries, of which it keeps the newest
-//!   `num_retained` (retention counts a cluster's own snapshots only),
-//! - then keeps every entry of any other cluster unchanged and in order: a cluster never evicts,
-//!   and so never deletes, another cluster's snapshots or the SSTs they reference,
-//! - and writes the top-level fields (`snapshot_id`, `min_applied_lsn`, `path`, `archived_lsn`)
-//!   for its own cluster.
-//!
-//! Readers use [`LatestSnapshot::of_cluster`]: the view of one cluster's entries with its own
-//! archived LSN. An entry without an identity (written before entries carried one) belongs to no
-//! cluster until the next publish of the cluster its `metadata.json` names, which labels it as
-//! its own; one whose `metadata.json` names no creation time counts for none and is kept, like
-//! another cluster's, until an operator removes it.
-//! Another cluster's entries stay visible to the garbage collector, which keeps what they
-//! reference.
+//! See [`LatestSnapshot`]: every entry names its cluster, and a publish counts and evicts only
+//! its own cluster's.
 //!
 //! # Size
-//! `latest.json` is read whole, so it is read only up to [`LATEST_JSON_BYTES_MAX`] (1 MiB, room
-//! for thousands of retained entries of about 250 bytes); a larger one is refused with
-//! [`Error::TooLarge`] before it is read.
+//! Read whole, so read only up to [`LATEST_JSON_BYTES_MAX`].
 //!
 //! # Crash consistency
 //! A crash before the rename leaves the old `latest.json` (and perhaps a stray temporary file,
@@ -55,12 +37,32 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The most `latest.json` may hold; see the [module documentation](self#size).
+/// The most a `latest.json` may hold: 1 MiB, room for thousands of retained entries of about
+/// 250 bytes. A larger one is refused with [`Error::TooLarge`] before it is read.
 pub const LATEST_JSON_BYTES_MAX: u64 = 1024 * 1024;
 
 /// The content of a partition's `latest.json`, or one cluster's view of it
 /// ([`LatestSnapshot::of_cluster`]). The top-level fields describe the cluster that published
-/// last; see the [module documentation](self#clusters-sharing-one-latestjson).
+/// last.
+///
+/// # Clusters sharing one `latest.json`
+/// Two clusters of one name that share a repository (one re-created on a reset base dir) share
+/// each partition's `latest.json`. Every retained entry names the [`ClusterIdentity`] that
+/// published it, and a publish
+///
+/// - puts its snapshot first, then its own cluster's older entries, of which it keeps the newest
+///   `num_retained` (retention counts a cluster's own snapshots only),
+/// - then keeps every entry of any other cluster unchanged and in order: a cluster never evicts,
+///   and so never deletes, another cluster's snapshots or the SSTs they reference,
+/// - and writes the top-level fields (`snapshot_id`, `min_applied_lsn`, `path`, `archived_lsn`)
+///   for its own cluster.
+///
+/// Readers use [`LatestSnapshot::of_cluster`]: the view of one cluster's entries with its own
+/// archived LSN. An entry without an identity (written before entries carried one) belongs to no
+/// cluster until the next publish of the cluster its `metadata.json` names, which labels it as
+/// its own; one whose `metadata.json` names no creation time counts for none and is kept, like
+/// another cluster's, until an operator removes it. Another cluster's entries stay visible to the garbage collector, which keeps what they
+/// reference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatestSnapshot {
     pub version: MetadataVersion,

@@ -32,7 +32,7 @@
 //! [`list`], [`find`], and so restore, verify and export; retention evicts only its own
 //! snapshots. Another cluster that shares the repository (one of the same name re-created on a
 //! reset base dir) keeps its entries in the shared `latest.json`, and nothing of it is ever
-//! deleted; see [`latest`](mod@latest) for the rule.
+//! deleted; see [`LatestSnapshot`] for the rule.
 //!
 //! # Reused objects are checked
 //! Publish reuses an SST object already stored under its content hash instead of uploading it.
