@@ -1,10 +1,8 @@
-//! What the benchmark binaries share: moto's S3 server, the plain copies they measure against,
-//! progress lines on stderr, and the way their reports show sizes and times.
+//! What the benchmark binaries share: the plain copies they measure against, progress lines on
+//! stderr, and the way their reports show sizes and times. moto's S3 server comes from
+//! `cairn_snapshots::test_util::moto`, shared with the tests.
 //!
 //! Architecture invariant: nothing here measures anything; each binary owns its figures.
 
 pub mod copy;
-// The same moto launcher as the tests'.
-#[path = "../../snapshots/tests/support/moto.rs"]
-pub mod moto;
 pub mod report;

@@ -2,12 +2,11 @@
 //! output), list, describe, export, verify, the archived LSN, incremental uploads; against the
 //! local folder and against moto's S3 server.
 
-#[path = "../../snapshots/tests/support/moto.rs"]
-mod moto;
 mod support;
 
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry};
+use cairn_snapshots::test_util::moto;
 use std::path::Path;
 use std::process::Command;
 use support::{Server, cairnctl, created_id, fails, ok};

@@ -111,6 +111,18 @@ async fn snapshots(
                     response.destination
                 );
             }
+            for bad in &response.unreadable {
+                eprintln!(
+                    "partition {}: snapshots not listed: {}",
+                    bad.partition_id, bad.error
+                );
+            }
+            if !response.unreadable.is_empty() {
+                bail!(
+                    "the snapshots of {} partition(s) could not be read; see above",
+                    response.unreadable.len()
+                );
+            }
         }
         SnapshotsCommand::Describe { snapshot_id } => {
             println!("{}", client.describe_snapshot(&snapshot_id).await?);

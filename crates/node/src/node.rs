@@ -13,7 +13,7 @@ use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::{ClusterRecord, MetadataStore, Precondition, get_typed, put_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
-use cairn_snapshots::{ProgressFn, RepositoryOptions, SnapshotRepository};
+use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
 use cairn_types::{Lsn, NodeId, PartitionId};
 use cairn_worker::{Clock, CreatedSnapshot, Partition, Restorer, SnapshotProducer, SystemClock};
 use std::collections::HashMap;
@@ -116,7 +116,7 @@ impl NodeState {
         result
     }
 
-    /// Re-reads what the repository covers for `id`.
+    /// Re-reads what this cluster's snapshots in the repository cover for `id`.
     pub async fn refresh_archived_lsn(&self, id: PartitionId) {
         let Some(snapshots) = &self.snapshots else {
             return;
@@ -260,7 +260,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let metrics = Arc::new(Metrics::new());
 
     let repository = match config.snapshots_enabled() {
-        true => Some(Arc::new(open_repository(&config, &base_dir)?)),
+        true => Some(Arc::new(open_repository(&config, &base_dir, &cluster)?)),
         false => {
             info!("no snapshot repository (worker.snapshots.destination = \"none\")");
             None
@@ -270,24 +270,20 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         SnapshotProducer::new(
             repository.clone(),
             base_dir.join("db-snapshots"),
-            cluster.cluster_name.clone(),
             node.0.clone(),
         )
         .with_retention(
             config.worker.snapshots.num_retained,
             config.worker.snapshots.orphan_grace_period,
         )
-        .with_cluster_created_at(cluster.created_at.clone())
     });
     let _ = std::fs::remove_dir_all(base_dir.join("db-snapshots"));
     let restorer = repository.as_ref().map(|repository| {
         Restorer::new(
             repository.clone(),
             base_dir.join("restore-staging"),
-            cluster.cluster_name.clone(),
             cluster.num_partitions,
         )
-        .with_cluster_created_at(cluster.created_at.clone())
     });
     let tmp_dir = base_dir.join("tmp");
     let _ = std::fs::remove_dir_all(&tmp_dir);
@@ -381,10 +377,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     })
 }
 
-/// The snapshot repository of `[worker.snapshots]`: by default `<base-dir>/pp-snapshots`.
+/// The snapshot repository of `[worker.snapshots]` (by default `<base-dir>/pp-snapshots`), as
+/// `cluster` sees it: every decision it offers counts only this cluster's snapshots.
 pub(crate) fn open_repository(
     config: &Config,
     base_dir: &std::path::Path,
+    cluster: &ClusterRecord,
 ) -> anyhow::Result<SnapshotRepository> {
     let settings = &config.worker.snapshots;
     let destination = match &settings.destination {
@@ -400,7 +398,8 @@ pub(crate) fn open_repository(
         rate_limit_bytes_per_second: settings.rate_limit_bytes_per_second,
         ..RepositoryOptions::default()
     };
-    let repository = SnapshotRepository::open(&destination, options)
+    let identity = ClusterIdentity::new(cluster.cluster_name.clone(), cluster.created_at.clone());
+    let repository = SnapshotRepository::open(&destination, identity, options)
         .context("open the snapshot repository (worker.snapshots.destination)")?;
     info!(destination = %repository.destination(), "snapshot repository");
     Ok(repository)

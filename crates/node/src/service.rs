@@ -52,9 +52,12 @@ fn snapshot_status(err: cairn_snapshots::Error) -> Status {
     match &err {
         E::InvalidSnapshotId { .. } => Status::invalid_argument(err.to_string()),
         E::SnapshotNotFound { .. } => Status::not_found(err.to_string()),
-        E::BadFile { .. } | E::MetadataMissing { .. } | E::MalformedMetadata { .. } => {
-            Status::data_loss(err.to_string())
-        }
+        E::BadFile { .. }
+        | E::MetadataMissing { .. }
+        | E::MalformedMetadata { .. }
+        | E::UndecodableMetadata { .. }
+        | E::TooLarge { .. }
+        | E::SnapshotNotFoundInReadable { .. } => Status::data_loss(err.to_string()),
         E::UnsupportedVersion { .. } => Status::failed_precondition(err.to_string()),
         E::ObjectStore { .. } => Status::unavailable(err.to_string()),
         _ => Status::internal(err.to_string()),
@@ -477,10 +480,20 @@ impl v1::admin_server::Admin for AdminService {
             None => None,
         };
         let repository = self.snapshots()?.repository();
-        let snapshots = repository
-            .list(partition)
-            .await
-            .map_err(snapshot_status)?
+        let listing = repository.list(partition).await.map_err(snapshot_status)?;
+        let unreadable = listing
+            .unreadable
+            .into_iter()
+            .map(|bad| {
+                tracing::warn!(partition = %bad.partition_id, error = %bad.error, "cannot list a partition's snapshots");
+                v1::UnreadablePartition {
+                    partition_id: u32::from(bad.partition_id.0),
+                    error: bad.error.to_string(),
+                }
+            })
+            .collect();
+        let snapshots = listing
+            .snapshots
             .into_iter()
             .map(|s| v1::SnapshotSummary {
                 snapshot_id: s.snapshot_id.to_string(),
@@ -496,6 +509,7 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(v1::ListSnapshotsResponse {
             snapshots,
             destination: repository.destination(),
+            unreadable,
         }))
     }
 

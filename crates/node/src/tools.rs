@@ -5,6 +5,8 @@ use crate::node::{lock_base_dir, open_repository};
 use anyhow::{Context, bail};
 use cairn_log::LogProvider;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
+use cairn_metadata::local::LocalMetadataStore;
+use cairn_metadata::{ClusterRecord, get_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_types::{Lsn, PartitionId};
 
@@ -21,7 +23,8 @@ pub struct DroppedPartition {
 /// `snapshot-restore-policy = "on-init"`, or when its log is trimmed) or replays its whole log.
 ///
 /// Unless `force`, refuses when nothing could bring the data back: the log is trimmed and no
-/// snapshot in the repository reaches its trim point.
+/// snapshot of this cluster in the repository reaches its trim point (another cluster's, of the
+/// same name on a reset base dir, holds other records).
 pub fn drop_partition(
     config: &Config,
     partition: PartitionId,
@@ -85,7 +88,17 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
             .base_dir
             .canonicalize()
             .with_context(|| format!("resolve {}", config.base_dir.display()))?;
-        let repository = open_repository(config, &base_dir)?;
+        let metadata = LocalMetadataStore::open(&base_dir.join("metadata.json"))
+            .context("open the node's metadata")?;
+        let Some((_, cluster)) =
+            get_typed::<ClusterRecord>(&metadata, ClusterRecord::KEY, "cluster record").await?
+        else {
+            bail!(
+                "{} holds no cluster record, so there is no telling which snapshots are this cluster's; {force}",
+                base_dir.display()
+            );
+        };
+        let repository = open_repository(config, &base_dir, &cluster)?;
         let latest = repository
             .latest(partition)
             .await
@@ -99,7 +112,7 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
                 latest.min_applied_lsn.next()
             ),
             None => bail!(
-                "the log of partition {partition} is trimmed up to LSN {trim_point} and {} holds no snapshot of it: this store is the only copy of those records; snapshot the partition first, or {force}",
+                "the log of partition {partition} is trimmed up to LSN {trim_point} and {} holds no snapshot of it taken by this cluster: this store is the only copy of those records; snapshot the partition first, or {force}",
                 repository.destination()
             ),
         }

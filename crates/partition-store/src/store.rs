@@ -146,19 +146,7 @@ impl PartitionStoreManager {
         let directory = dir.display().to_string();
         let live_files: Vec<rust_rocksdb::LiveFile> = files
             .iter()
-            .map(|f| rust_rocksdb::LiveFile {
-                column_family_name: cf_name(id),
-                name: format!("/{}", f.name.trim_start_matches('/')),
-                directory: directory.clone(),
-                size: f.size as usize,
-                level: f.level,
-                start_key: Some(f.start_key.clone()),
-                end_key: Some(f.end_key.clone()),
-                smallest_seqno: f.smallest_seqno,
-                largest_seqno: f.largest_seqno,
-                num_entries: f.num_entries,
-                num_deletions: f.num_deletions,
-            })
+            .map(|f| f.to_live_file(cf_name(id), directory.clone()))
             .collect();
         metadata
             .set_files(&live_files)
@@ -247,6 +235,48 @@ pub struct ExportedFile {
     pub largest_seqno: u64,
     pub num_entries: u64,
     pub num_deletions: u64,
+}
+
+impl ExportedFile {
+    /// RocksDB's description of an exported file; [`ExportedFile::to_live_file`] is the way
+    /// back. The one place where the fields are copied in each direction.
+    fn from_live_file(f: rust_rocksdb::LiveFile) -> ExportedFile {
+        ExportedFile {
+            column_family_name: f.column_family_name,
+            name: f.name,
+            directory: f.directory,
+            size: f.size as u64,
+            level: f.level,
+            start_key: f.start_key.unwrap_or_default(),
+            end_key: f.end_key.unwrap_or_default(),
+            smallest_seqno: f.smallest_seqno,
+            largest_seqno: f.largest_seqno,
+            num_entries: f.num_entries,
+            num_deletions: f.num_deletions,
+        }
+    }
+
+    /// The description RocksDB imports: this file, found in `directory`, into column family
+    /// `column_family_name`.
+    fn to_live_file(
+        &self,
+        column_family_name: String,
+        directory: String,
+    ) -> rust_rocksdb::LiveFile {
+        rust_rocksdb::LiveFile {
+            column_family_name,
+            name: format!("/{}", self.name.trim_start_matches('/')),
+            directory,
+            size: usize::try_from(self.size).unwrap_or(usize::MAX),
+            level: self.level,
+            start_key: Some(self.start_key.clone()),
+            end_key: Some(self.end_key.clone()),
+            smallest_seqno: self.smallest_seqno,
+            largest_seqno: self.largest_seqno,
+            num_entries: self.num_entries,
+            num_deletions: self.num_deletions,
+        }
+    }
 }
 
 /// A column family exported to a folder: what a snapshot is made of.
@@ -388,19 +418,7 @@ impl PartitionStore {
         let files = metadata
             .get_files()
             .into_iter()
-            .map(|f| ExportedFile {
-                column_family_name: f.column_family_name,
-                name: f.name,
-                directory: f.directory,
-                size: f.size as u64,
-                level: f.level,
-                start_key: f.start_key.unwrap_or_default(),
-                end_key: f.end_key.unwrap_or_default(),
-                smallest_seqno: f.smallest_seqno,
-                largest_seqno: f.largest_seqno,
-                num_entries: f.num_entries,
-                num_deletions: f.num_deletions,
-            })
+            .map(ExportedFile::from_live_file)
             .collect();
         Ok(ColumnFamilyExport {
             dir: target_dir.to_path_buf(),

@@ -2,7 +2,7 @@
 //! so the message alone tells an operator what to look at. Messages name buckets, prefixes and
 //! object keys, never credentials.
 
-use crate::{PublishStep, SnapshotId};
+use crate::{ClusterIdentity, SnapshotId};
 use cairn_types::{Lsn, PartitionId};
 use std::fmt;
 use std::path::PathBuf;
@@ -15,6 +15,13 @@ pub enum Error {
     #[error("snapshot destination {destination:?} cannot be used: {reason}")]
     InvalidDestination { destination: String, reason: String },
 
+    #[error("snapshot destination {destination:?} cannot be used: {source}")]
+    UnusableStore {
+        destination: String,
+        #[source]
+        source: object_store::Error,
+    },
+
     #[error("snapshot repository options are invalid: {reason}")]
     InvalidOptions { reason: String },
 
@@ -26,6 +33,13 @@ pub enum Error {
     #[error("{location} is malformed: {reason}")]
     MalformedMetadata { location: String, reason: String },
 
+    #[error("{location} is malformed: {source}")]
+    UndecodableMetadata {
+        location: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
     #[error(
         "snapshot {snapshot_id} is not in the repository at {destination}: no partition's \
          latest.json retains it"
@@ -33,6 +47,45 @@ pub enum Error {
     SnapshotNotFound {
         snapshot_id: SnapshotId,
         destination: String,
+    },
+
+    /// `find` did not find the snapshot, but some partitions could not be searched.
+    #[error(
+        "snapshot {snapshot_id} is not in any readable partition of the repository at \
+         {destination}; the latest.json of partition(s) {} could not be read (it may be \
+         there): {source}", comma_separated(.partitions)
+    )]
+    SnapshotNotFoundInReadable {
+        snapshot_id: SnapshotId,
+        destination: String,
+        partitions: Vec<PartitionId>,
+        /// Why the first of them could not be read.
+        #[source]
+        source: Box<Error>,
+    },
+
+    #[error(
+        "{location} is larger than the {limit} bytes Cairn reads for {what} (at least {size} \
+         bytes): Cairn did not write it; put back the one Cairn wrote, from a backup (removing \
+         it would hide the snapshots it names)"
+    )]
+    TooLarge {
+        location: String,
+        size: u64,
+        limit: u64,
+        what: &'static str,
+    },
+
+    #[error(
+        "snapshot {snapshot_id} was made by cluster {found_cluster:?} created at \
+         {found_created_at:?}, but this repository is opened for {repository_cluster}: a node \
+         publishes only its own cluster's snapshots"
+    )]
+    ForeignSnapshot {
+        snapshot_id: SnapshotId,
+        found_cluster: String,
+        found_created_at: Option<String>,
+        repository_cluster: ClusterIdentity,
     },
 
     #[error(
@@ -107,10 +160,13 @@ pub enum Error {
     )]
     LatestChangedDuringGc { partition: PartitionId },
 
-    /// Publish stopped on purpose after `step` because [`crate::PublishOptions::stop_after`] asked
-    /// it to: fault tests use it to stand for a crash at that point.
+    /// Publish stopped on purpose after `step` because `PublishOptions::stop_after` asked it to:
+    /// fault tests use it to stand for a crash at that point.
+    #[cfg(feature = "test-util")]
     #[error("publishing stopped after step {step:?} as asked")]
-    StoppedAfter { step: PublishStep },
+    StoppedAfter {
+        step: crate::repository::PublishStep,
+    },
 }
 
 /// What is wrong with one file of a snapshot in the repository.
@@ -124,6 +180,11 @@ pub enum FileProblem {
     ChecksumMismatch {
         expected: String,
         actual: String,
+    },
+    /// The object holds more bytes than the file's declared size; reading stopped one byte past
+    /// it.
+    TooLarge {
+        expected: u64,
     },
     /// metadata.json lacks the checksum or object key that publishing writes.
     NotPublished,
@@ -140,6 +201,12 @@ impl fmt::Display for FileProblem {
                 write!(
                     f,
                     "has checksum {actual}, expected {expected} (checksum mismatch)"
+                )
+            }
+            FileProblem::TooLarge { expected } => {
+                write!(
+                    f,
+                    "is larger than its declared size of {expected} bytes (reading stopped there)"
                 )
             }
             FileProblem::NotPublished => {
@@ -161,6 +228,14 @@ impl Error {
             _ => false,
         }
     }
+}
+
+fn comma_separated(partitions: &[PartitionId]) -> String {
+    partitions
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -102,9 +102,9 @@ pub(crate) fn check_version(bytes: &[u8], location: &str) -> Result<()> {
         version: Option<serde_json::Value>,
     }
     let probe: VersionOnly =
-        serde_json::from_slice(bytes).map_err(|e| Error::MalformedMetadata {
+        serde_json::from_slice(bytes).map_err(|source| Error::UndecodableMetadata {
             location: location.into(),
-            reason: e.to_string(),
+            source,
         })?;
     match probe.version {
         Some(serde_json::Value::String(v)) if v == METADATA_VERSION => Ok(()),
@@ -137,7 +137,10 @@ impl SnapshotMetadata {
         };
         check_version(bytes, location)?;
         let metadata: SnapshotMetadata =
-            serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|source| Error::UndecodableMetadata {
+                location: location.into(),
+                source,
+            })?;
         metadata.validate().map_err(malformed)?;
         Ok(metadata)
     }
@@ -445,7 +448,10 @@ mod tests {
         for (case, text) in cases {
             let err = SnapshotMetadata::from_json(text.as_bytes()).unwrap_err();
             assert!(
-                matches!(err, Error::MalformedMetadata { .. }),
+                matches!(
+                    err,
+                    Error::MalformedMetadata { .. } | Error::UndecodableMetadata { .. }
+                ),
                 "{case}: {err}"
             );
         }

@@ -122,6 +122,7 @@ fn repository(store: Arc<Flaky>, retries: u32) -> SnapshotRepository {
         store,
         "flaky://",
         "cluster",
+        support::cluster(),
         RepositoryOptions {
             retries,
             ..RepositoryOptions::default()
@@ -238,6 +239,7 @@ async fn errors_never_show_credentials() {
     // Nothing listens on port 9 of the loopback interface.
     let repo = SnapshotRepository::open(
         "s3://bucket/prefix",
+        support::cluster(),
         RepositoryOptions {
             endpoint_url: Some("http://127.0.0.1:9".into()),
             allow_http: true,

@@ -268,6 +268,7 @@ async fn evicted_snapshots_go_at_once_unless_latest_json_retains_them(backend: B
         snapshot_id: e.id(),
         min_applied_lsn: e.metadata.min_applied_lsn,
         path: snapshot_folder(e.metadata.min_applied_lsn, e.id()),
+        cluster: Some(support::cluster()),
     };
     let options = GcOptions {
         orphan_grace: HOUR,
@@ -343,4 +344,71 @@ async fn nothing_is_deleted_when_a_retained_metadata_json_is_missing(backend: Ba
     for e in [&second, &third] {
         assert_intact(&repo, e).await;
     }
+}
+
+/// Names of the staged copies (`<object>#<digits>`) in a local partition's `ssts` folder.
+fn staged_copies(repo: &TestRepo) -> Vec<(String, u64)> {
+    let dir = repo.local_folder().unwrap().join("1").join("ssts");
+    let mut staged: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| {
+                    let e = e.ok()?;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let size = e.metadata().ok()?.len();
+                    name.contains('#').then_some((name, size))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    staged.sort();
+    staged
+}
+
+/// A publish to a local repository interrupted in the middle of copying an SST (its future is
+/// dropped, as a crash or a cancelled request would) leaves the staged copy `<object>#<digits>`,
+/// which object_store's listing does not show. The orphan sweep deletes it once it is older
+/// than the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_staged_copies_of_an_interrupted_publish_are_swept_after_the_grace_period() {
+    let repo = repository(Backend::Local);
+    let big = exported(10, &[sst(1, 64 * 1024 * 1024)]);
+    let publish = repo.publish(big.path(), big.metadata.clone());
+    tokio::select! {
+        result = publish => panic!("the publish was to be interrupted, but it ended: {result:?}"),
+        () = async {
+            while staged_copies(&repo).is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        } => {}
+    }
+    // The copy runs on in its blocking thread; wait until it has written everything.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while staged_copies(&repo).first().map(|(_, size)| *size) != Some(64 * 1024 * 1024) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            staged_copies(&repo)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        repo.latest(P).await.unwrap().is_none(),
+        "nothing became visible"
+    );
+
+    // Young: kept, and counted.
+    let report = repo.sweep_orphans(P, HOUR).await.unwrap();
+    assert_eq!(staged_copies(&repo).len(), 1);
+    assert!(report.kept_young_bytes >= 64 * 1024 * 1024, "{report:?}");
+
+    let report = repo.sweep_orphans(P, Duration::ZERO).await.unwrap();
+    assert_eq!(staged_copies(&repo), vec![], "{report:?}");
+    assert_eq!(report.deleted_bytes, 64 * 1024 * 1024);
+
+    // Publishing again works as if nothing had happened.
+    repo.publish(big.path(), big.metadata.clone())
+        .await
+        .unwrap();
+    repo.verify(big.id()).await.unwrap();
 }

@@ -34,7 +34,7 @@ scenarios!(
 
 async fn publish_and_list_newest_first(backend: Backend) {
     let repo = repository(backend);
-    assert!(repo.list(None).await.unwrap().is_empty());
+    assert!(repo.list(None).await.unwrap().snapshots.is_empty());
     assert!(repo.latest(P).await.unwrap().is_none());
 
     let first = export(1, 10, &[("000001.sst", random_bytes(1, 3000))]);
@@ -52,7 +52,7 @@ async fn publish_and_list_newest_first(backend: Backend) {
         repo.publish(e.path(), e.metadata.clone()).await.unwrap();
     }
 
-    let listed = repo.list(Some(P)).await.unwrap();
+    let listed = repo.list(Some(P)).await.unwrap().snapshots;
     let ids: Vec<_> = listed.iter().map(|s| s.snapshot_id).collect();
     assert_eq!(ids, vec![third.id(), second.id(), first.id()]);
     let lsns: Vec<_> = listed.iter().map(|s| s.min_applied_lsn).collect();
@@ -69,7 +69,7 @@ async fn publish_and_list_newest_first(backend: Backend) {
     assert_eq!(second_summary.created_at, second.metadata.created_at);
     assert!(second_summary.path.starts_with("snapshots/"));
 
-    let all = repo.list(None).await.unwrap();
+    let all = repo.list(None).await.unwrap().snapshots;
     let all_ids: Vec<_> = all.iter().map(|s| s.snapshot_id).collect();
     assert_eq!(
         all_ids,
@@ -252,6 +252,7 @@ async fn a_concurrent_latest_update_loses_cleanly(backend: Backend) {
         .list(Some(P))
         .await
         .unwrap()
+        .snapshots
         .iter()
         .map(|s| s.snapshot_id)
         .collect();
@@ -315,7 +316,7 @@ async fn crash_then_publish(repo: &support::TestRepo, e: &support::Export, step:
     // The SSTs are there, but nothing refers to them.
     assert_eq!(sst_keys(repo, 1).await.len(), 1);
     assert!(repo.latest(P).await.unwrap().is_none());
-    assert!(repo.list(None).await.unwrap().is_empty());
+    assert!(repo.list(None).await.unwrap().snapshots.is_empty());
     assert!(matches!(
         repo.find(e.id()).await,
         Err(Error::SnapshotNotFound { .. })
@@ -328,7 +329,7 @@ async fn crash_then_publish(repo: &support::TestRepo, e: &support::Export, step:
     // Publishing again (the same snapshot) completes it and uploads nothing twice.
     let report = repo.publish(e.path(), e.metadata.clone()).await.unwrap();
     assert_eq!(report.uploaded_files, 0);
-    let listed = repo.list(None).await.unwrap();
+    let listed = repo.list(None).await.unwrap().snapshots;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].snapshot_id, e.id());
     // Counted by the attempt that wrote metadata.json; one that found the SSTs there from a
@@ -382,7 +383,7 @@ async fn a_second_snapshot_uploads_only_new_ssts(backend: Backend) {
         "shared SSTs are stored once"
     );
 
-    let listed = repo.list(Some(P)).await.unwrap();
+    let listed = repo.list(Some(P)).await.unwrap().snapshots;
     assert_eq!(listed[0].new_bytes, 1_234);
     assert_eq!(listed[1].new_bytes, 55_000);
     // Both snapshots are whole.
@@ -530,10 +531,14 @@ async fn an_unknown_metadata_version_is_refused(backend: Backend) {
         repo.find(e.id()).await,
         Err(Error::UnsupportedVersion { .. })
     ));
-    assert!(matches!(
-        repo.list(Some(P)).await,
-        Err(Error::UnsupportedVersion { .. })
-    ));
+    // Listing reports the partition as unreadable instead of failing.
+    let listing = repo.list(Some(P)).await.unwrap();
+    assert!(listing.snapshots.is_empty());
+    assert!(
+        matches!(&listing.unreadable[..], [bad] if bad.partition_id == P
+            && matches!(bad.error, Error::UnsupportedVersion { .. })),
+        "{listing:?}"
+    );
 }
 
 async fn multipart_uploads_round_trip(backend: Backend) {
@@ -629,6 +634,7 @@ async fn retention_keeps_the_newest_and_reports_the_evicted(backend: Backend) {
         .list(Some(P))
         .await
         .unwrap()
+        .snapshots
         .iter()
         .map(|s| s.snapshot_id)
         .collect();

@@ -11,19 +11,21 @@
 //! `min_applied_lsn + 1`.
 //!
 //! # Validation
-//! A snapshot is trusted only if its metadata is of a known version and names this cluster, this
-//! partition and this partition's key range, its comparator is RocksDB's bytewise one, and the log
+//! Only this cluster's snapshots are candidates: the repository is opened for this cluster and
+//! lists no other's. A snapshot is trusted only if its metadata is of a known version and names
+//! this cluster (its name and creation time), this partition and this partition's key range, its comparator is RocksDB's bytewise one, and the log
 //! still holds every record after it: the log's trim point (the last trimmed LSN) is at most its
 //! `min_applied_lsn`. Every downloaded file is checked against its size and checksum. A snapshot
 //! that fails is skipped for the next older retained one; when none passes, the error lists each
 //! snapshot tried and why it was refused.
 //!
 //! # Crash consistency
-//! Downloads land in a staging folder that [`Restorer::repair_interrupted`] removes on the next
+//! Downloads land in a staging folder that [`repair_interrupted_restore`] removes on the next
 //! start. RocksDB creates the imported column family before it adds the files, so an import is
 //! marked by a synced `<pid>.importing` file first; if a start finds the mark, the column family
 //! may be partial and is dropped, and the partition is restored again.
 
+use crate::snapshot::exported_file;
 use crate::{Error, Result};
 use cairn_log::LogState;
 use cairn_partition_store::{ExportedFile, PartitionStoreManager};
@@ -82,33 +84,22 @@ pub struct Restorer {
     repository: Arc<SnapshotRepository>,
     /// `<base-dir>/restore-staging`: on the store's file system, so imports are hard links.
     staging_root: PathBuf,
-    cluster_name: String,
     num_partitions: u16,
-    /// When this node's cluster was created; snapshots stamped with another time are refused.
-    cluster_created_at: Option<String>,
 }
 
 impl Restorer {
+    /// A restorer of the snapshots of the repository's cluster, which has `num_partitions`
+    /// partitions, staging downloads under `staging_root`.
     pub fn new(
         repository: Arc<SnapshotRepository>,
         staging_root: PathBuf,
-        cluster_name: String,
         num_partitions: u16,
     ) -> Restorer {
         Restorer {
             repository,
             staging_root,
-            cluster_name,
             num_partitions,
-            cluster_created_at: None,
         }
-    }
-
-    /// Refuses snapshots stamped by a cluster created at another time than `created_at` (a
-    /// cluster of the same name, recreated): their LSNs name other records.
-    pub fn with_cluster_created_at(mut self, created_at: String) -> Self {
-        self.cluster_created_at = Some(created_at);
-        self
     }
 
     fn marker(&self, partition: PartitionId) -> PathBuf {
@@ -125,24 +116,43 @@ impl Restorer {
     /// partition's processor must not be running.
     pub async fn restore(
         &self,
-        stores: &PartitionStoreManager,
+        stores: &Arc<PartitionStoreManager>,
         partition: PartitionId,
         log: LogState,
         pinned: Option<SnapshotId>,
         on_progress: Option<RestoreProgressFn>,
     ) -> Result<Restored> {
         let destination = self.repository.destination();
-        let latest = self
+        let read = self
             .repository
-            .latest(partition)
+            .read_latest(partition)
             .await
-            .map_err(|e| restore_error(partition, "read latest.json", e))?
-            .ok_or_else(|| Error::Restore {
+            .map_err(|e| restore_error(partition, "read latest.json", e))?;
+        let cluster = self.repository.cluster();
+        let Some(latest) = read.latest.as_ref().and_then(|l| l.of_cluster(cluster)) else {
+            let others = read
+                .latest
+                .map(|l| l.of_other_clusters(cluster))
+                .unwrap_or_default();
+            let others = match others.as_slice() {
+                [] => String::new(),
+                others => format!(
+                    "; it keeps {} of another cluster ({}), which this cluster cannot use",
+                    others.len(),
+                    others
+                        .iter()
+                        .map(|o| format!("{} at LSN {}", o.snapshot_id, o.min_applied_lsn))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            return Err(Error::Restore {
                 partition,
                 message: format!(
-                    "the snapshot repository {destination} has no snapshot of partition {partition}"
+                    "the snapshot repository {destination} has no snapshot of partition {partition} taken by this cluster ({cluster}){others}"
                 ),
-            })?;
+            });
+        };
         let candidates: Vec<SnapshotId> = match pinned {
             None => latest.retained.iter().map(|r| r.snapshot_id).collect(),
             Some(id) if latest.retained.iter().any(|r| r.snapshot_id == id) => vec![id],
@@ -198,7 +208,7 @@ impl Restorer {
     /// left as it was; an `Err` means the store may have been dropped.
     async fn try_restore(
         &self,
-        stores: &PartitionStoreManager,
+        stores: &Arc<PartitionStoreManager>,
         partition: PartitionId,
         log: LogState,
         snapshot_id: SnapshotId,
@@ -229,7 +239,7 @@ impl Restorer {
         );
         let staging = self.staging_dir(partition).join(snapshot_id.to_string());
         let _ = tokio::fs::remove_dir_all(&staging).await;
-        if let Err(err) = std::fs::create_dir_all(&staging) {
+        if let Err(err) = tokio::fs::create_dir_all(&staging).await {
             return Err(restore_error(partition, "create the staging folder", err));
         }
         let started = Instant::now();
@@ -259,12 +269,25 @@ impl Restorer {
             "Initializing partition store from snapshot"
         );
         let started = Instant::now();
-        if let Err(reason) = self.import(stores, partition, &staging, &metadata, files)? {
+        // RocksDB and file-system calls: off the async threads.
+        let marker = self.marker(partition);
+        let imported = {
+            let (stores, marker, staging) = (stores.clone(), marker.clone(), staging.clone());
+            let metadata = metadata.clone();
+            tokio::task::spawn_blocking(move || {
+                import(&stores, &marker, partition, &staging, &metadata, files)
+            })
+            .await
+            .map_err(|e| restore_error(partition, "import the snapshot", e))??
+        };
+        if let Err(reason) = imported {
             let _ = tokio::fs::remove_dir_all(&staging).await;
             return Ok(Attempt::Refused(reason));
         }
         crate::testing::pause_point("restore-import").await;
-        self.unmark(partition)?;
+        tokio::task::spawn_blocking(move || unmark(&marker, partition))
+            .await
+            .map_err(|e| restore_error(partition, "remove the import mark", e))??;
         let import = started.elapsed();
         let _ = tokio::fs::remove_dir_all(self.staging_dir(partition)).await;
         Ok(Attempt::Restored(Restored {
@@ -286,18 +309,22 @@ impl Restorer {
         metadata: &SnapshotMetadata,
     ) -> std::result::Result<(), String> {
         let trim_point = log.trim_point;
-        if metadata.cluster_name != self.cluster_name {
+        let cluster = self.repository.cluster();
+        if metadata.cluster_name != cluster.cluster_name {
             return Err(format!(
                 "it belongs to cluster {:?}, this node to cluster {:?}",
-                metadata.cluster_name, self.cluster_name
+                metadata.cluster_name, cluster.cluster_name
             ));
         }
-        if let (Some(theirs), Some(ours)) = (&metadata.cluster_created_at, &self.cluster_created_at)
-            && theirs != ours
-        {
+        if metadata.cluster_created_at.as_deref() != Some(cluster.cluster_created_at.as_str()) {
             return Err(format!(
-                "it was taken by another cluster named {:?}, created at {theirs}; this one was created at {ours}",
-                self.cluster_name
+                "it was taken by another cluster named {:?}, created at {}; this one was created at {}",
+                cluster.cluster_name,
+                metadata
+                    .cluster_created_at
+                    .as_deref()
+                    .unwrap_or("an unrecorded time"),
+                cluster.cluster_created_at
             ));
         }
         if metadata.partition_id != partition {
@@ -341,63 +368,60 @@ impl Restorer {
         }
         Ok(())
     }
+}
 
-    /// Replaces the partition's store with the staged files. `Ok(Err(reason))`: RocksDB refused
-    /// the files or they do not hold what the metadata says; the partition has no store then, and
-    /// the caller may try an older snapshot.
-    fn import(
-        &self,
-        stores: &PartitionStoreManager,
-        partition: PartitionId,
-        staging: &Path,
-        metadata: &SnapshotMetadata,
-        files: Vec<ExportedFile>,
-    ) -> Result<std::result::Result<(), String>> {
-        // Drop first, then mark: the mark must only ever stand for a column family that may be
-        // partial, never for the old, complete store.
+/// Replaces the partition's store with the staged files. `Ok(Err(reason))`: RocksDB refused
+/// the files or they do not hold what the metadata says; the partition has no store then, and
+/// the caller may try an older snapshot.
+fn import(
+    stores: &PartitionStoreManager,
+    marker: &Path,
+    partition: PartitionId,
+    staging: &Path,
+    metadata: &SnapshotMetadata,
+    files: Vec<ExportedFile>,
+) -> Result<std::result::Result<(), String>> {
+    // Drop first, then mark: the mark must only ever stand for a column family that may be
+    // partial, never for the old, complete store.
+    if stores.partition(partition).is_some() {
+        stores
+            .drop_partition(partition)
+            .map_err(|e| restore_error(partition, "drop the old store", e))?;
+    }
+    write_synced(marker, metadata.snapshot_id.to_string().as_bytes())
+        .map_err(|e| restore_error(partition, "mark the import", e))?;
+    let refused = |reason: String| -> Result<std::result::Result<(), String>> {
         if stores.partition(partition).is_some() {
             stores
                 .drop_partition(partition)
-                .map_err(|e| restore_error(partition, "drop the old store", e))?;
+                .map_err(|e| restore_error(partition, "drop a refused import", e))?;
         }
-        let marker = self.marker(partition);
-        write_synced(&marker, metadata.snapshot_id.to_string().as_bytes())
-            .map_err(|e| restore_error(partition, "mark the import", e))?;
-        let refused = |reason: String| -> Result<std::result::Result<(), String>> {
-            if stores.partition(partition).is_some() {
-                stores
-                    .drop_partition(partition)
-                    .map_err(|e| restore_error(partition, "drop a refused import", e))?;
-            }
-            self.unmark(partition)?;
-            Ok(Err(reason))
+        unmark(marker, partition)?;
+        Ok(Err(reason))
+    };
+    let store =
+        match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files) {
+            Ok(store) => store,
+            Err(e) => return refused(format!("RocksDB refused its files: {e}")),
         };
-        let store =
-            match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files)
-            {
-                Ok(store) => store,
-                Err(e) => return refused(format!("RocksDB refused its files: {e}")),
-            };
-        match store.applied_lsn() {
-            Ok(applied) if applied == metadata.min_applied_lsn => Ok(Ok(())),
-            Ok(applied) => refused(format!(
-                "its metadata says it holds LSN {} but its files hold LSN {applied}",
-                metadata.min_applied_lsn
-            )),
-            Err(e) => refused(format!("its applied LSN cannot be read: {e}")),
-        }
+    match store.applied_lsn() {
+        Ok(applied) if applied == metadata.min_applied_lsn => Ok(Ok(())),
+        Ok(applied) => refused(format!(
+            "its metadata says it holds LSN {} but its files hold LSN {applied}",
+            metadata.min_applied_lsn
+        )),
+        Err(e) => refused(format!("its applied LSN cannot be read: {e}")),
     }
+}
 
-    /// Marks the import of `partition` complete.
-    fn unmark(&self, partition: PartitionId) -> Result<()> {
-        let marker = self.marker(partition);
-        std::fs::remove_file(&marker)
-            .map_err(|e| restore_error(partition, "remove the import mark", e))?;
-        if let Some(parent) = marker.parent() {
-            let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
-        }
-        Ok(())
+/// Marks the import of `partition` complete.
+fn unmark(marker: &Path, partition: PartitionId) -> Result<()> {
+    std::fs::remove_file(marker)
+        .map_err(|e| restore_error(partition, "remove the import mark", e))?;
+    if let Some(parent) = marker.parent() {
+        let _ = std::fs::File::open(parent).and_then(|d| d.sync_all());
     }
+    Ok(())
 }
 
 enum Attempt {
@@ -502,38 +526,6 @@ fn write_synced(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The import description of one snapshot file, found in the staging folder under its name.
-fn exported_file(
-    file: &cairn_snapshots::SnapshotFile,
-) -> std::result::Result<ExportedFile, String> {
-    let name = file.file_name()?;
-    Ok(ExportedFile {
-        column_family_name: file.column_family_name.clone(),
-        name: format!("/{name}"),
-        directory: String::new(),
-        size: file.size,
-        level: file.level,
-        start_key: unhex(&file.start_key)
-            .ok_or_else(|| format!("file {name} has a start key that is not hex"))?,
-        end_key: unhex(&file.end_key)
-            .ok_or_else(|| format!("file {name} has an end key that is not hex"))?,
-        smallest_seqno: file.smallest_seqno,
-        largest_seqno: file.largest_seqno,
-        num_entries: file.num_entries,
-        num_deletions: file.num_deletions,
-    })
-}
-
-fn unhex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 fn tried(skipped: &[(SnapshotId, String)]) -> String {
     skipped
         .iter()
@@ -546,18 +538,5 @@ fn restore_error(partition: PartitionId, context: &str, err: impl std::fmt::Disp
     Error::Restore {
         partition,
         message: format!("{context}: {err}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unhex;
-
-    #[test]
-    fn hex_keys_decode() {
-        assert_eq!(unhex("00ff10"), Some(vec![0, 255, 16]));
-        assert_eq!(unhex(""), Some(vec![]));
-        assert_eq!(unhex("0"), None);
-        assert_eq!(unhex("zz"), None);
     }
 }

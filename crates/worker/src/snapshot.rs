@@ -9,17 +9,19 @@
 //! # Consistency
 //! The export is made by the processor between two records, so its `min_applied_lsn` is exactly
 //! what its files hold. Snapshots of one partition are produced one at a time on a node, so two
-//! requests never race each other for `latest.json`.
+//! requests never race each other for `latest.json`. Every snapshot is stamped with the cluster
+//! the repository was opened for, and only that cluster's snapshots can cover a request.
 //!
 //! # Crash consistency
-//! A crash leaves at most an export folder (removed by [`SnapshotProducer::remove_leftover_exports`]
-//! at the next start) and objects that no `latest.json` references (orphans, never visible).
+//! A crash leaves at most an export folder under the export root (the node empties it at start)
+//! and objects that no `latest.json` references (orphans, never visible, swept by the garbage
+//! collection after the grace period).
 
 use crate::{Error, Partition, Result};
-use cairn_partition_store::ColumnFamilyExport;
+use cairn_partition_store::{ColumnFamilyExport, ExportedFile};
 use cairn_snapshots::{
-    DEFAULT_ORPHAN_GRACE, GcReport, MetadataVersion, ProgressFn, PublishOptions, SnapshotFile,
-    SnapshotId, SnapshotMetadata, SnapshotRepository,
+    ClusterIdentity, DEFAULT_ORPHAN_GRACE, GcReport, MetadataVersion, ProgressFn, PublishOptions,
+    SnapshotFile, SnapshotId, SnapshotMetadata, SnapshotRepository,
 };
 use cairn_types::{KeyRange, LogId, Lsn, PartitionId};
 use std::collections::HashMap;
@@ -46,7 +48,6 @@ pub struct SnapshotProducer {
     repository: Arc<SnapshotRepository>,
     /// `<base-dir>/db-snapshots`
     export_root: PathBuf,
-    cluster_name: String,
     node_name: String,
     /// One snapshot at a time per partition.
     in_progress: Mutex<HashMap<PartitionId, Arc<tokio::sync::Mutex<()>>>>,
@@ -54,34 +55,24 @@ pub struct SnapshotProducer {
     num_retained: Option<usize>,
     /// Age after which unreferenced objects in the repository are deleted.
     orphan_grace: Option<Duration>,
-    /// Written into every snapshot's metadata; see [`SnapshotMetadata::cluster_created_at`].
-    cluster_created_at: Option<String>,
 }
 
 impl SnapshotProducer {
+    /// A producer that exports into `export_root` and publishes to `repository`, stamping every
+    /// snapshot with the repository's cluster and `node_name`.
     pub fn new(
         repository: Arc<SnapshotRepository>,
         export_root: PathBuf,
-        cluster_name: String,
         node_name: String,
     ) -> SnapshotProducer {
         SnapshotProducer {
             repository,
             export_root,
-            cluster_name,
             node_name,
             in_progress: Mutex::new(HashMap::new()),
             num_retained: None,
             orphan_grace: None,
-            cluster_created_at: None,
         }
-    }
-
-    /// Stamps every snapshot with when its cluster was created, so a restore can refuse the
-    /// snapshots of another cluster of the same name.
-    pub fn with_cluster_created_at(mut self, created_at: String) -> Self {
-        self.cluster_created_at = Some(created_at);
-        self
     }
 
     /// Keeps the newest `num_retained` snapshots of each partition; older ones, the files only
@@ -94,19 +85,6 @@ impl SnapshotProducer {
 
     pub fn repository(&self) -> &Arc<SnapshotRepository> {
         &self.repository
-    }
-
-    /// Removes export folders that a crash left behind: their snapshots were never published or
-    /// are published already.
-    pub fn remove_leftover_exports(&self) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(&self.export_root) {
-            Ok(()) => {
-                info!(path = %self.export_root.display(), "removed leftover snapshot exports")
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        Ok(())
     }
 
     /// Snapshots `partition` and publishes it, unless the latest snapshot already covers
@@ -149,14 +127,15 @@ impl SnapshotProducer {
 
         let snapshot_id = SnapshotId::generate();
         let partition_dir = self.export_root.join(id.to_string());
-        std::fs::create_dir_all(&partition_dir)
+        tokio::fs::create_dir_all(&partition_dir)
+            .await
             .map_err(|e| snapshot_error(id, "create export folder", e))?;
         let export_dir = partition_dir.join(snapshot_id.to_string());
         let export = partition.export(export_dir.clone()).await?;
         let result = self
             .publish(partition, snapshot_id, &export, on_progress)
             .await;
-        if let Err(err) = std::fs::remove_dir_all(&export_dir) {
+        if let Err(err) = tokio::fs::remove_dir_all(&export_dir).await {
             warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
         }
         result
@@ -170,15 +149,14 @@ impl SnapshotProducer {
         on_progress: Option<ProgressFn>,
     ) -> Result<CreatedSnapshot> {
         let id = partition.id();
-        let mut metadata = snapshot_metadata(
+        let metadata = snapshot_metadata(
             export,
             snapshot_id,
             id,
             partition.key_range(),
-            &self.cluster_name,
+            self.repository.cluster(),
             &self.node_name,
         );
-        metadata.cluster_created_at = self.cluster_created_at.clone();
         info!(
             partition = %id,
             %snapshot_id,
@@ -253,7 +231,7 @@ impl SnapshotProducer {
         }
     }
 
-    /// The latest snapshot of `partition` if it covers `lsn`.
+    /// This cluster's latest snapshot of `partition` if it covers `lsn`.
     async fn covering(&self, partition: PartitionId, lsn: Lsn) -> Result<Option<CreatedSnapshot>> {
         let Some(latest) = self
             .repository
@@ -285,20 +263,20 @@ impl SnapshotProducer {
 }
 
 /// The metadata with which the producer publishes `export`, a snapshot of partition
-/// `partition_id` (whose key range is `key_range`) made on node `node_name` of cluster
-/// `cluster_name`: RocksDB's description of each exported file, the export's applied LSN, no
-/// checksums or object keys yet (publishing adds them).
+/// `partition_id` (whose key range is `key_range`) made on node `node_name` of `cluster`:
+/// RocksDB's description of each exported file, the export's applied LSN, no checksums or object
+/// keys yet (publishing adds them).
 pub fn snapshot_metadata(
     export: &ColumnFamilyExport,
     snapshot_id: SnapshotId,
     partition_id: PartitionId,
     key_range: KeyRange,
-    cluster_name: &str,
+    cluster: &ClusterIdentity,
     node_name: &str,
 ) -> SnapshotMetadata {
     SnapshotMetadata {
         version: MetadataVersion::V1,
-        cluster_name: cluster_name.to_owned(),
+        cluster_name: cluster.cluster_name.clone(),
         partition_id,
         node_name: node_name.to_owned(),
         created_at: SystemTime::now(),
@@ -306,29 +284,53 @@ pub fn snapshot_metadata(
         key_range,
         min_applied_lsn: export.applied_lsn,
         db_comparator_name: export.comparator_name.clone(),
-        files: export
-            .files
-            .iter()
-            .map(|f| SnapshotFile {
-                column_family_name: f.column_family_name.clone(),
-                name: f.name.clone(),
-                directory: f.directory.clone(),
-                size: f.size,
-                level: f.level,
-                start_key: hex(&f.start_key),
-                end_key: hex(&f.end_key),
-                smallest_seqno: f.smallest_seqno,
-                largest_seqno: f.largest_seqno,
-                num_entries: f.num_entries,
-                num_deletions: f.num_deletions,
-                checksum: None,
-                key: None,
-            })
-            .collect(),
+        files: export.files.iter().map(snapshot_file).collect(),
         log_id: LogId::from(partition_id),
-        cluster_created_at: None,
+        cluster_created_at: Some(cluster.cluster_created_at.clone()),
         stats: None,
     }
+}
+
+/// RocksDB's description of an exported file as `metadata.json` keeps it (keys in hex), without
+/// the checksum and object key that publishing adds. [`exported_file`] is the way back.
+pub(crate) fn snapshot_file(file: &ExportedFile) -> SnapshotFile {
+    SnapshotFile {
+        column_family_name: file.column_family_name.clone(),
+        name: file.name.clone(),
+        directory: file.directory.clone(),
+        size: file.size,
+        level: file.level,
+        start_key: hex(&file.start_key),
+        end_key: hex(&file.end_key),
+        smallest_seqno: file.smallest_seqno,
+        largest_seqno: file.largest_seqno,
+        num_entries: file.num_entries,
+        num_deletions: file.num_deletions,
+        checksum: None,
+        key: None,
+    }
+}
+
+/// The import description of a snapshot file, found in a staging folder under its name: the
+/// way back from [`snapshot_file`]. Fails on a name that is not a plain file name or keys that
+/// are not hex.
+pub(crate) fn exported_file(file: &SnapshotFile) -> std::result::Result<ExportedFile, String> {
+    let name = file.file_name()?;
+    Ok(ExportedFile {
+        column_family_name: file.column_family_name.clone(),
+        name: format!("/{name}"),
+        directory: String::new(),
+        size: file.size,
+        level: file.level,
+        start_key: unhex(&file.start_key)
+            .ok_or_else(|| format!("file {name} has a start key that is not hex"))?,
+        end_key: unhex(&file.end_key)
+            .ok_or_else(|| format!("file {name} has an end key that is not hex"))?,
+        smallest_seqno: file.smallest_seqno,
+        largest_seqno: file.largest_seqno,
+        num_entries: file.num_entries,
+        num_deletions: file.num_deletions,
+    })
 }
 
 fn snapshot_error(partition: PartitionId, context: &'static str, err: impl ToString) -> Error {
@@ -341,4 +343,45 @@ fn snapshot_error(partition: PartitionId, context: &'static str, err: impl ToStr
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_keys_decode() {
+        assert_eq!(unhex("00ff10"), Some(vec![0, 255, 16]));
+        assert_eq!(unhex(""), Some(vec![]));
+        assert_eq!(unhex("0"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+
+    #[test]
+    fn a_file_description_survives_the_way_to_metadata_json_and_back() {
+        let file = ExportedFile {
+            column_family_name: "data-3".into(),
+            name: "/000030.sst".into(),
+            directory: String::new(),
+            size: 1469,
+            level: 6,
+            start_key: vec![b'd', 0, 0xff],
+            end_key: vec![b'f', 1],
+            smallest_seqno: 1,
+            largest_seqno: 77,
+            num_entries: 40,
+            num_deletions: 2,
+        };
+        assert_eq!(exported_file(&snapshot_file(&file)), Ok(file));
+    }
 }

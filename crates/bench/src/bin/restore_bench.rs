@@ -21,11 +21,11 @@
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
-use cairn_bench::moto::MotoServer;
 use cairn_bench::report::{Deciles, files, mib_per_sec, progress, secs, size, sync_disks};
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_log::{LogProvider, LogState, Loglet};
 use cairn_partition_store::{PartitionStore, PartitionStoreManager, StoreOptions};
+use cairn_snapshots::test_util::moto::MotoServer;
 use cairn_snapshots::{ProgressFn, RepositoryOptions, SnapshotMetadata, SnapshotRepository};
 use cairn_types::record::PutEntry;
 use cairn_types::{Epoch, KeyRange, LogId, Lsn, NodeId, PartitionId};
@@ -47,7 +47,10 @@ use tokio::io::AsyncWriteExt;
 
 const PARTITION: PartitionId = PartitionId(0);
 const NUM_PARTITIONS: u16 = 1;
-const CLUSTER: &str = "bench";
+/// The cluster the benchmark's snapshots belong to.
+fn cluster() -> cairn_snapshots::ClusterIdentity {
+    cairn_snapshots::ClusterIdentity::new("bench", "2026-01-01T00:00:00.000Z")
+}
 const NODE: &str = "bench";
 const BUCKET: &str = "cairn-restore-bench";
 /// object_store reads a local file in chunks of this size (`GetResult::into_stream`); the second
@@ -194,6 +197,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     moto.create_named_bucket(BUCKET);
     let s3 = Arc::new(SnapshotRepository::open(
         &format!("s3://{BUCKET}/cairn"),
+        cluster(),
         RepositoryOptions {
             endpoint_url: Some(moto.endpoint()),
             region: Some("us-east-1".into()),
@@ -206,6 +210,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let local_path = root.join("local-repository");
     let local = Arc::new(SnapshotRepository::open(
         local_path.to_str().context("work folder is not UTF-8")?,
+        cluster(),
         repository_options.clone(),
     )?);
 
@@ -896,12 +901,8 @@ async fn snapshot_to(
     partition: &Partition,
     label: &str,
 ) -> anyhow::Result<(CreatedSnapshot, Duration)> {
-    let producer = SnapshotProducer::new(
-        repository.clone(),
-        export_root.to_path_buf(),
-        CLUSTER.into(),
-        NODE.into(),
-    );
+    let producer =
+        SnapshotProducer::new(repository.clone(), export_root.to_path_buf(), NODE.into());
     // In hundredths: the total is known only once the export is made.
     let deciles = Mutex::new(Deciles::new(label, 100));
     let on_progress: ProgressFn = Arc::new(move |done, total| {
@@ -978,17 +979,19 @@ async fn restore_into_fresh_store(
     label: &str,
     dir: &Path,
     expected: &Expected,
-) -> anyhow::Result<(PartitionStoreManager, Restored, Duration)> {
+) -> anyhow::Result<(Arc<PartitionStoreManager>, Restored, Duration)> {
     let snapshot_bytes = expected.snapshot_bytes;
     let log = LogState {
         trim_point: Lsn::ZERO,
         tail: expected.tail_lsn,
     };
-    let stores = PartitionStoreManager::open(&dir.join("db"), &StoreOptions::default())?;
+    let stores = Arc::new(PartitionStoreManager::open(
+        &dir.join("db"),
+        &StoreOptions::default(),
+    )?);
     let restorer = Restorer::new(
         repository.clone(),
         dir.join("restore-staging"),
-        CLUSTER.into(),
         NUM_PARTITIONS,
     );
     progress(label);

@@ -19,11 +19,11 @@
 
 use anyhow::Context;
 use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
-use cairn_bench::moto::MotoServer;
 use cairn_bench::report::{Deciles, MIB, files, progress, secs, size, sync_disks};
 use cairn_partition_store::{
     ColumnFamilyExport, PartitionStore, PartitionStoreManager, StoreOptions,
 };
+use cairn_snapshots::test_util::moto::MotoServer;
 use cairn_snapshots::{
     ProgressFn, PublishOptions, PublishReport, RepositoryOptions, SnapshotId, SnapshotRepository,
 };
@@ -38,7 +38,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PARTITION: PartitionId = PartitionId(0);
-const CLUSTER: &str = "bench";
+/// The cluster the benchmark's snapshots belong to.
+fn cluster() -> cairn_snapshots::ClusterIdentity {
+    cairn_snapshots::ClusterIdentity::new("bench", "2026-01-01T00:00:00.000Z")
+}
 const NODE: &str = "bench";
 const BUCKET: &str = "cairn-snapshot-bench";
 
@@ -154,6 +157,7 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     moto.create_named_bucket(BUCKET);
     let s3 = SnapshotRepository::open(
         &format!("s3://{BUCKET}/cairn"),
+        cluster(),
         RepositoryOptions {
             endpoint_url: Some(moto.endpoint()),
             region: Some("us-east-1".into()),
@@ -166,6 +170,7 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let local_path = root.join("local-repository");
     let local = SnapshotRepository::open(
         local_path.to_str().context("work folder is not UTF-8")?,
+        cluster(),
         repository_options.clone(),
     )?;
 
@@ -426,6 +431,11 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
          writes metadata.json and latest.json; the plain copies move the bytes once"
     );
     println!(
+        "- the incremental publish reuses files this process uploaded, so it checks each with a \
+         HEAD; a publish in a fresh process also reads every reused file back once to check its \
+         bytes, which these figures do not include"
+    );
+    println!(
         "- local publish syncs each file and its folder (object_store with fsync), so the plain \
          copies sync each file and the folder too; all write to {}; fs::copy uses \
          copy_file_range, which keeps the bytes in the kernel",
@@ -479,7 +489,7 @@ async fn publish(
         SnapshotId::generate(),
         PARTITION,
         KeyRange::of_partition(PARTITION, 1),
-        CLUSTER,
+        &cluster(),
         NODE,
     );
     let total = metadata.size();

@@ -215,3 +215,101 @@ pub fn created_id(stdout: &str) -> String {
         .trim()
         .to_string()
 }
+
+/// Keys `<prefix>-<i>` that live in partition `partition` of a 16-partition cluster (the
+/// default), `count` of them.
+pub fn keys_of_partition(prefix: &str, partition: u16, count: usize) -> Vec<String> {
+    use cairn_types::keys::partition_for_key;
+    use cairn_types::{PartitionId, partition_key};
+    (0..)
+        .map(|i| format!("{prefix}-{i:07}"))
+        .filter(|k| partition_for_key(partition_key(k.as_bytes()), 16) == PartitionId(partition))
+        .take(count)
+        .collect()
+}
+
+/// The value [`put_keys`] writes under `key`.
+pub fn value_for(key: &str) -> bytes::Bytes {
+    bytes::Bytes::from(format!("value of {key} ").repeat(6))
+}
+
+/// Writes `keys` (with [`value_for`]) in batches of `batch` keys, one log record per batch.
+pub async fn put_keys(address: &str, keys: &[String], batch: usize) {
+    let client = cairn_client::Client::connect(address, &cairn_client::ClientOptions::default())
+        .await
+        .unwrap();
+    for chunk in keys.chunks(batch) {
+        let entries = chunk
+            .iter()
+            .map(|k| cairn_client::PutEntry {
+                key: bytes::Bytes::from(k.clone()),
+                value: value_for(k),
+                ttl: None,
+            })
+            .collect();
+        client.put(entries).await.unwrap();
+    }
+}
+
+/// What `keys` hold, in order (`None` for a key that is absent).
+pub async fn get_keys(address: &str, keys: &[String]) -> Vec<Option<bytes::Bytes>> {
+    let client = cairn_client::Client::connect(address, &cairn_client::ClientOptions::default())
+        .await
+        .unwrap();
+    let mut values = Vec::new();
+    for chunk in keys.chunks(1000) {
+        let wanted = chunk
+            .iter()
+            .map(|k| bytes::Bytes::from(k.clone()))
+            .collect();
+        values.extend(client.get(wanted).await.unwrap());
+    }
+    values
+}
+
+/// Asserts that every key of `keys` holds the value [`put_keys`] wrote.
+pub async fn assert_keys_there(address: &str, keys: &[String]) {
+    for (key, value) in keys.iter().zip(get_keys(address, keys).await) {
+        assert_eq!(value, Some(value_for(key)), "key {key}");
+    }
+}
+
+/// The columns of partition `id`'s row in `partitions list`: ID, KEY RANGE, LEADER, EPOCH,
+/// APPLIED LSN, LOG TRIM POINT, LOG TAIL, ARCHIVED LSN, STATUS.
+pub fn partition_columns(address: &str, id: u16) -> Vec<String> {
+    let table = ok(cairnctl(address, &["partitions", "list"]));
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("partition {id} not listed:\n{table}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The object keys (`ssts/<hash>.sst`) of a snapshot's files, from `snapshots describe`.
+pub fn snapshot_object_keys(address: &str, snapshot_id: &str) -> Vec<String> {
+    let described = ok(cairnctl(address, &["snapshots", "describe", snapshot_id]));
+    let metadata: serde_json::Value = serde_json::from_str(&described).unwrap();
+    metadata["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Runs `cairn drop-partition -p <partition> -y --base-dir <base_dir>` with `env`.
+pub fn run_drop_partition(base_dir: &Path, partition: u16, env: &[(&str, &str)]) -> Output {
+    run_cairn(
+        &[
+            "drop-partition",
+            "--base-dir",
+            base_dir.to_str().unwrap(),
+            "-p",
+            &partition.to_string(),
+            "-y",
+        ],
+        env,
+    )
+}

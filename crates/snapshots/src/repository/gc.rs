@@ -12,11 +12,16 @@
 //!   `last_modified`): a publish in flight uploads its SSTs and writes its `metadata.json` before
 //!   it swaps `latest.json`, and until then its objects look exactly like garbage.
 //!
+//! A local repository's staged copies (`ssts/<object>#<digits>`, left by an upload that was
+//! interrupted before its rename) are garbage too, by the grace rule; object_store's listing
+//! does not show them, so the collection lists the `ssts` folder itself.
+//!
 //! A snapshot folder goes whole or not at all, judged by its newest object. `latest.json`,
 //! `latest.json.lock` and anything else outside `snapshots/` and `ssts/` is never touched.
 //!
 //! **Invariant:** nothing that a snapshot retained by `latest.json` (as read at the start of the
-//! collection) references is ever deleted. When that set cannot be known for sure (a retained
+//! collection) references is ever deleted, whichever cluster retains it: the snapshots of another
+//! cluster sharing the repository are references like this cluster's. When that set cannot be known for sure (a retained
 //! `metadata.json` is missing or unreadable, or `latest.json` is malformed) the collection stops
 //! before deleting anything.
 //!
@@ -50,6 +55,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How old an unreferenced object must be before a collection deletes it, unless it belongs to a
@@ -123,7 +129,8 @@ impl SnapshotRepository {
         let references = self
             .references(partition, read.latest.as_ref(), &options.evicted)
             .await?;
-        let objects = self.list_partition(partition).await?;
+        let mut objects = self.list_partition(partition).await?;
+        objects.extend(self.list_staged_local(partition).await?);
         let plan = plan_deletions(objects, &references, now, options.orphan_grace);
 
         let mut report = GcReport {
@@ -264,7 +271,36 @@ impl SnapshotRepository {
                     size: meta.size,
                     last_modified: SystemTime::from(meta.last_modified),
                     location: meta.location,
+                    staged_path: None,
                 })
+            })
+            .collect())
+    }
+
+    /// A local repository's staged copies in the partition's `ssts` folder (see
+    /// [`super::upload`]), which object_store's listing leaves out. Empty for other stores.
+    async fn list_staged_local(&self, partition: PartitionId) -> Result<Vec<ListedObject>> {
+        let super::LatestWriter::LocalLock(fs) = &self.latest_writer else {
+            return Ok(Vec::new());
+        };
+        let folder = self.object_path(partition, SSTS_FOLDER);
+        let dir = self.local_path(fs, &folder)?;
+        let listed = tokio::task::spawn_blocking(move || list_staged(&dir))
+            .await
+            .map_err(|e| self.join_error(&folder, e))?
+            .map_err(|(path, source)| Error::Io {
+                context: "list",
+                path,
+                source,
+            })?;
+        Ok(listed
+            .into_iter()
+            .map(|staged| ListedObject {
+                location: folder.clone().join(staged.name.as_str()),
+                key: format!("{SSTS_FOLDER}/{}", staged.name),
+                size: staged.size,
+                last_modified: staged.modified,
+                staged_path: Some(staged.path),
             })
             .collect())
     }
@@ -296,7 +332,10 @@ impl SnapshotRepository {
     async fn delete_all(&self, objects: Vec<ListedObject>, report: &mut GcReport) -> Result<()> {
         let mut deletions = futures::stream::iter(objects)
             .map(|object| async move {
-                let deleted = self.delete_object(&object.location).await?;
+                let deleted = match &object.staged_path {
+                    Some(path) => delete_staged(path).await?,
+                    None => self.delete_object(&object.location).await?,
+                };
                 Ok::<_, Error>(deleted.then_some(object.size))
             })
             .buffer_unordered(self.transfer_concurrency);
@@ -333,10 +372,67 @@ impl SnapshotRepository {
     }
 }
 
+/// A staged copy found in a local `ssts` folder.
+struct StagedFile {
+    name: String,
+    size: u64,
+    modified: SystemTime,
+    path: PathBuf,
+}
+
+/// Staged copies in a local `ssts` folder.
+fn list_staged(
+    dir: &std::path::Path,
+) -> std::result::Result<Vec<StagedFile>, (PathBuf, std::io::Error)> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err((dir.to_path_buf(), e)),
+    };
+    let mut staged = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| (dir.to_path_buf(), e))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !super::upload::is_staged_name(&name) {
+            continue;
+        }
+        let path = entry.path();
+        match entry.metadata() {
+            Ok(meta) => staged.push(StagedFile {
+                name,
+                size: meta.len(),
+                modified: meta.modified().unwrap_or_else(|_| SystemTime::now()),
+                path,
+            }),
+            // Renamed into place or deleted since the listing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err((path, e)),
+        }
+    }
+    Ok(staged)
+}
+
+/// Deletes a staged copy; `false` if it was gone already.
+async fn delete_staged(path: &std::path::Path) -> Result<bool> {
+    match tokio::fs::remove_file(path).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(Error::Io {
+            context: "delete",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 /// An object under a partition folder, as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ListedObject {
     location: ObjectPath,
+    /// A local repository's staged copy, which object_store cannot address: deleted by path.
+    staged_path: Option<PathBuf>,
     /// Relative to the partition folder: `ssts/<hash>.sst`, `snapshots/<folder>/metadata.json`.
     key: String,
     size: u64,
@@ -468,6 +564,7 @@ mod tests {
             key: key.into(),
             size,
             last_modified: now() - age,
+            staged_path: None,
         }
     }
 

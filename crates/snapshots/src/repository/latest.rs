@@ -13,6 +13,13 @@
 //! Readers need no lock: a rename is atomic, so they see the old or the new file. The lock works
 //! between processes and between tasks of one process, because each swap opens the lock file anew.
 //!
+//! # Clusters sharing one `latest.json`
+//! See [`LatestSnapshot`]: every entry names its cluster, and a publish counts and evicts only
+//! its own cluster's.
+//!
+//! # Size
+//! Read whole, so read only up to [`LATEST_JSON_BYTES_MAX`].
+//!
 //! # Crash consistency
 //! A crash before the rename leaves the old `latest.json` (and perhaps a stray temporary file,
 //! which the next swap overwrites); after the rename the new one is durable once the folder is
@@ -20,17 +27,42 @@
 
 use super::SnapshotRepository;
 use crate::metadata::MetadataVersion;
-use crate::{Error, Result, SnapshotId};
+use crate::{ClusterIdentity, Error, Result, SnapshotId};
 use cairn_types::{Lsn, PartitionId};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The content of a partition's `latest.json`.
+/// The most a `latest.json` may hold: 1 MiB, room for thousands of retained entries of about
+/// 250 bytes. A larger one is refused with [`Error::TooLarge`] before it is read.
+pub const LATEST_JSON_BYTES_MAX: u64 = 1024 * 1024;
+
+/// The content of a partition's `latest.json`, or one cluster's view of it
+/// ([`LatestSnapshot::of_cluster`]). The top-level fields describe the cluster that published
+/// last.
+///
+/// # Clusters sharing one `latest.json`
+/// Two clusters of one name that share a repository (one re-created on a reset base dir) share
+/// each partition's `latest.json`. Every retained entry names the [`ClusterIdentity`] that
+/// published it, and a publish
+///
+/// - puts its snapshot first, then its own cluster's older entries, of which it keeps the newest
+///   `num_retained` (retention counts a cluster's own snapshots only),
+/// - then keeps every entry of any other cluster unchanged and in order: a cluster never evicts,
+///   and so never deletes, another cluster's snapshots or the SSTs they reference,
+/// - and writes the top-level fields (`snapshot_id`, `min_applied_lsn`, `path`, `archived_lsn`)
+///   for its own cluster.
+///
+/// Readers use [`LatestSnapshot::of_cluster`]: the view of one cluster's entries with its own
+/// archived LSN. An entry without an identity (written before entries carried one) belongs to no
+/// cluster until the next publish of the cluster its `metadata.json` names, which labels it as
+/// its own; one whose `metadata.json` names no creation time counts for none and is kept, like
+/// another cluster's, until an operator removes it. Another cluster's entries stay visible to the garbage collector, which keeps what they
+/// reference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatestSnapshot {
     pub version: MetadataVersion,
@@ -41,10 +73,11 @@ pub struct LatestSnapshot {
     /// The newest snapshot's folder relative to the partition folder:
     /// `snapshots/<inverse_lsn>_<snapshot_id>`.
     pub path: String,
-    /// Every visible snapshot, newest first. Snapshots not listed here are orphans.
+    /// Every visible snapshot: the publishing cluster's, newest first, then other clusters'.
+    /// Snapshots not listed here are orphans.
     pub retained: Vec<RetainedSnapshot>,
-    /// `min_applied_lsn` of the oldest retained snapshot: the log may be trimmed up to here and
-    /// every retained snapshot can still be restored and replayed.
+    /// `min_applied_lsn` of the publishing cluster's oldest retained snapshot: the log may be
+    /// trimmed up to here and every retained snapshot can still be restored and replayed.
     pub archived_lsn: Lsn,
 }
 
@@ -55,20 +88,36 @@ pub struct RetainedSnapshot {
     pub min_applied_lsn: Lsn,
     /// The snapshot's folder relative to the partition folder.
     pub path: String,
+    /// The cluster that published it; `None` in entries written before entries carried one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterIdentity>,
+}
+
+impl RetainedSnapshot {
+    /// Whether `cluster` published this snapshot.
+    pub fn is_of(&self, cluster: &ClusterIdentity) -> bool {
+        self.cluster.as_ref() == Some(cluster)
+    }
 }
 
 impl LatestSnapshot {
     /// The `latest.json` that makes `newest` the latest snapshot on top of `previous`, keeping
-    /// the newest `num_retained` snapshots (all when `None`). Also returns the snapshots that fall
-    /// out of retention, newest first, for a garbage collector to delete.
+    /// the newest `num_retained` snapshots of `newest`'s cluster (all when `None`) and every
+    /// snapshot of other clusters. Also returns the snapshots that fall out of retention, newest
+    /// first, for a garbage collector to delete: only ever `newest`'s cluster's.
     pub fn with_newest(
         previous: Option<&LatestSnapshot>,
         partition_id: PartitionId,
         newest: RetainedSnapshot,
         num_retained: Option<usize>,
     ) -> (LatestSnapshot, Vec<RetainedSnapshot>) {
+        let previous = previous.map(|p| p.retained.as_slice()).unwrap_or_default();
+        let (older_own, others): (Vec<_>, Vec<_>) = previous
+            .iter()
+            .cloned()
+            .partition(|r| newest.cluster.is_some() && r.cluster == newest.cluster);
         let mut retained = vec![newest.clone()];
-        retained.extend(previous.iter().flat_map(|p| p.retained.iter().cloned()));
+        retained.extend(older_own);
         // The newest snapshot is always kept, whatever the bound says.
         let keep = num_retained.unwrap_or(usize::MAX).max(1);
         let evicted = if retained.len() > keep {
@@ -80,6 +129,7 @@ impl LatestSnapshot {
             .last()
             .map(|r| r.min_applied_lsn)
             .unwrap_or(newest.min_applied_lsn);
+        retained.extend(others);
         let latest = LatestSnapshot {
             version: MetadataVersion::V1,
             snapshot_id: newest.snapshot_id,
@@ -92,6 +142,37 @@ impl LatestSnapshot {
         (latest, evicted)
     }
 
+    /// The part of this `latest.json` that `cluster` published, as if it were alone: its
+    /// snapshots newest first and its own archived LSN. `None` when it has none.
+    pub fn of_cluster(&self, cluster: &ClusterIdentity) -> Option<LatestSnapshot> {
+        let own: Vec<RetainedSnapshot> = self
+            .retained
+            .iter()
+            .filter(|r| r.is_of(cluster))
+            .cloned()
+            .collect();
+        let newest = own.first()?.clone();
+        let oldest = own.last()?.min_applied_lsn;
+        Some(LatestSnapshot {
+            version: self.version,
+            snapshot_id: newest.snapshot_id,
+            partition_id: self.partition_id,
+            min_applied_lsn: newest.min_applied_lsn,
+            path: newest.path,
+            retained: own,
+            archived_lsn: oldest,
+        })
+    }
+
+    /// The retained snapshots that `cluster` did not publish.
+    pub fn of_other_clusters(&self, cluster: &ClusterIdentity) -> Vec<RetainedSnapshot> {
+        self.retained
+            .iter()
+            .filter(|r| !r.is_of(cluster))
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn from_json_at(bytes: &[u8], location: &str) -> Result<LatestSnapshot> {
         let malformed = |reason: String| Error::MalformedMetadata {
             location: location.into(),
@@ -99,7 +180,10 @@ impl LatestSnapshot {
         };
         crate::metadata::check_version(bytes, location)?;
         let latest: LatestSnapshot =
-            serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|source| Error::UndecodableMetadata {
+                location: location.into(),
+                source,
+            })?;
         match latest.retained.first() {
             Some(first) if first.snapshot_id == latest.snapshot_id => {}
             _ => {
@@ -158,6 +242,9 @@ impl SnapshotRepository {
                 let path = self.local_path(fs, &location)?;
                 let read = tokio::task::spawn_blocking(move || read_local(&path));
                 match read.await.map_err(|e| self.join_error(&location, e))? {
+                    Ok(Some(bytes)) if bytes.len() as u64 > LATEST_JSON_BYTES_MAX => {
+                        return Err(self.latest_too_large(&location, bytes.len() as u64));
+                    }
                     Ok(Some(bytes)) => {
                         let hash = xxhash_rust::xxh3::xxh3_128(&bytes);
                         (Some(bytes), LatestVersion::LocalContent(hash))
@@ -177,6 +264,9 @@ impl SnapshotRepository {
                     .retry
                     .run("read latest.json", || async {
                         match self.store.get(&location).await {
+                            Ok(result) if result.meta.size > LATEST_JSON_BYTES_MAX => {
+                                Err(self.latest_too_large(&location, result.meta.size))
+                            }
                             Ok(result) => {
                                 let version = UpdateVersion {
                                     e_tag: result.meta.e_tag.clone(),
@@ -225,6 +315,15 @@ impl SnapshotRepository {
             });
         }
         Ok(LatestRead { latest, version })
+    }
+
+    fn latest_too_large(&self, location: &ObjectPath, size: u64) -> Error {
+        Error::TooLarge {
+            location: self.describe(location),
+            size,
+            limit: LATEST_JSON_BYTES_MAX,
+            what: "a latest.json",
+        }
     }
 
     /// Replaces `latest.json` with `new` if it is still at `expected`; [`Error::Conflict`] if not.
@@ -302,12 +401,19 @@ impl SnapshotRepository {
     }
 }
 
+/// Reads a local `latest.json`, at most one byte past [`LATEST_JSON_BYTES_MAX`] (enough for the
+/// caller to refuse it).
 fn read_local(path: &Path) -> Result<Option<Vec<u8>>, (PathBuf, std::io::Error)> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err((path.to_path_buf(), e)),
-    }
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err((path.to_path_buf(), e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(LATEST_JSON_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| (path.to_path_buf(), e))?;
+    Ok(Some(bytes))
 }
 
 type LocalSwapError = (&'static str, PathBuf, std::io::Error);
@@ -363,12 +469,63 @@ fn swap_local(path: &Path, expected: &LatestVersion, bytes: &[u8]) -> Result<boo
 mod tests {
     use super::*;
 
+    fn ours() -> ClusterIdentity {
+        ClusterIdentity::new("c", "2026-01-01T00:00:00.000Z")
+    }
+
+    fn theirs() -> ClusterIdentity {
+        ClusterIdentity::new("c", "2025-01-01T00:00:00.000Z")
+    }
+
     fn retained(lsn: u64) -> RetainedSnapshot {
+        retained_of(lsn, Some(ours()))
+    }
+
+    fn retained_of(lsn: u64, cluster: Option<ClusterIdentity>) -> RetainedSnapshot {
         RetainedSnapshot {
             snapshot_id: SnapshotId::from_ulid(u128::from(lsn)),
             min_applied_lsn: Lsn(lsn),
             path: format!("snapshots/{lsn}"),
+            cluster,
         }
+    }
+
+    #[test]
+    fn retention_counts_and_evicts_only_the_publishing_clusters_snapshots() {
+        let p = PartitionId(3);
+        // The old cluster got to LSN 301; one legacy entry carries no identity.
+        let (old, _) = LatestSnapshot::with_newest(None, p, retained_of(5, None), None);
+        let (old, _) =
+            LatestSnapshot::with_newest(Some(&old), p, retained_of(301, Some(theirs())), None);
+        assert_eq!(old.of_cluster(&theirs()).unwrap().archived_lsn, Lsn(301));
+        assert!(old.of_cluster(&ours()).is_none());
+
+        // The new cluster publishes at LSN 50 and 60, keeping one of its own.
+        let (new, evicted) = LatestSnapshot::with_newest(Some(&old), p, retained(50), Some(1));
+        assert!(evicted.is_empty());
+        let (new, evicted) = LatestSnapshot::with_newest(Some(&new), p, retained(60), Some(1));
+        assert_eq!(evicted, vec![retained(50)]);
+        assert_eq!(
+            new.retained,
+            vec![
+                retained(60),
+                retained_of(301, Some(theirs())),
+                retained_of(5, None)
+            ]
+        );
+        assert_eq!(
+            (new.snapshot_id, new.archived_lsn),
+            (retained(60).snapshot_id, Lsn(60))
+        );
+        let view = new.of_cluster(&ours()).unwrap();
+        assert_eq!(view.retained, vec![retained(60)]);
+        assert_eq!(view.archived_lsn, Lsn(60));
+        let view = new.of_cluster(&theirs()).unwrap();
+        assert_eq!(
+            (view.min_applied_lsn, view.archived_lsn),
+            (Lsn(301), Lsn(301))
+        );
+        assert_eq!(new.of_other_clusters(&ours()).len(), 2);
     }
 
     #[test]

@@ -25,6 +25,32 @@
 //! `snapshots/` and `ssts/` that no visible snapshot references is garbage. Readers ([`list`],
 //! [`find`], [`verify`], [`download`], [`export_tar`]) see visible snapshots only.
 //!
+//! # One cluster's view
+//! A repository is opened for one [`ClusterIdentity`] (cluster name and creation time), and
+//! everything it offers for decisions counts only that cluster's snapshots: [`latest`] (hence the
+//! archived LSN, the trim guard, the covering-snapshot check and the drop guard of its callers),
+//! [`list`], [`find`], and so restore, verify and export; retention evicts only its own
+//! snapshots. Another cluster that shares the repository (one of the same name re-created on a
+//! reset base dir) keeps its entries in the shared `latest.json`, and nothing of it is ever
+//! deleted; see [`LatestSnapshot`] for the rule.
+//!
+//! # Reused objects are checked
+//! Publish reuses an SST object already stored under its content hash instead of uploading it.
+//! The first time this process reuses an object it reads it back and hashes it; a object whose
+//! bytes do not match (a byte flipped in the store, a truncated leftover) is uploaded again,
+//! which is safe because the name says what the bytes must be. An object checked or uploaded by
+//! this process is remembered by its key, size and ETag, so later publishes reuse it for a `HEAD`
+//! (a changed object has another ETag and is read again). The cost: the first publish after a
+//! start reads back every file it does not upload, once; later ones cost one `HEAD` per file as
+//! before. A snapshot therefore becomes visible, and counts towards the archived LSN, only once
+//! every object it names has been known good at publish time.
+//!
+//! # Bounds on what is read
+//! `latest.json` is read only up to [`LATEST_JSON_BYTES_MAX`] and `metadata.json` up to
+//! [`METADATA_JSON_BYTES_MAX`]; larger ones are refused with [`Error::TooLarge`]. An SST object
+//! is read only up to its declared size plus one byte: a larger one is refused
+//! ([`FileProblem::TooLarge`](crate::FileProblem::TooLarge)) before it can fill a disk.
+//!
 //! # Garbage collection
 //! [`SnapshotRepository::collect_garbage`] deletes a partition's garbage: the folders and
 //! unshared SSTs of snapshots that a publish just evicted at once, any other garbage (leftovers of
@@ -71,20 +97,30 @@
 //! [`verify`]: SnapshotRepository::verify
 //! [`download`]: SnapshotRepository::download
 //! [`export_tar`]: SnapshotRepository::export_tar
+//! [`latest`]: SnapshotRepository::latest
 
 pub mod gc;
+mod hashing;
 mod latest;
 mod publish;
 mod rate_limit;
+mod read;
 mod retry;
-mod transfer;
+mod reuse;
+mod tar;
+mod upload;
 
 pub use gc::{DEFAULT_ORPHAN_GRACE, GcOptions, GcReport};
-pub use latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
-pub use publish::{ProgressFn, PublishOptions, PublishReport, PublishStep};
-pub use transfer::{DownloadReport, ExportReport, UploadReport, VerifyReport};
+pub use latest::{LATEST_JSON_BYTES_MAX, LatestRead, LatestSnapshot, RetainedSnapshot};
+#[cfg(feature = "test-util")]
+pub use publish::PublishStep;
+pub use publish::{ProgressFn, PublishOptions, PublishReport};
+pub use read::{DownloadReport, VerifyReport};
+pub use tar::ExportReport;
+#[cfg(feature = "test-util")]
+pub use upload::UploadReport;
 
-use crate::{Error, Result, SnapshotId, SnapshotMetadata};
+use crate::{ClusterIdentity, Error, Result, SnapshotId, SnapshotMetadata};
 use bytes::Bytes;
 use cairn_types::{Lsn, PartitionId};
 use futures::{StreamExt, TryStreamExt};
@@ -101,6 +137,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 const MIB: u64 = 1024 * 1024;
+/// The most a `metadata.json` may hold: about 2,000 bytes per file, so room for tens of
+/// thousands of SST files.
+pub const METADATA_JSON_BYTES_MAX: u64 = 64 * MIB;
+/// Objects this process has read back or uploaded and found to hold the bytes their name
+/// promises; past this many the memory is cleared (the next publishes read their objects again).
+const VERIFIED_OBJECTS_MAX: usize = 1_000_000;
 /// S3 refuses multipart parts below 5 MiB (except the last) and above 5 GiB.
 const S3_PART_BYTES_MIN: u64 = 5 * MIB;
 const S3_PART_BYTES_MAX: u64 = 5 * 1024 * MIB;
@@ -192,9 +234,29 @@ pub struct SnapshotSummary {
     pub path: String,
 }
 
-/// Partition snapshots on an object store. See the [module documentation](self) for the layout
-/// and the guarantees.
+/// The snapshots of one partition, as [`SnapshotRepository::list`] lists them, with the
+/// partitions whose snapshots could not be read.
+#[derive(Debug, Default)]
+pub struct SnapshotListing {
+    /// Newest first within each partition, partitions in ascending order.
+    pub snapshots: Vec<SnapshotSummary>,
+    /// Partitions left out because their `latest.json` or a retained `metadata.json` could not
+    /// be read; the others are listed all the same.
+    pub unreadable: Vec<UnreadablePartition>,
+}
+
+/// A partition whose snapshots could not be listed, and why.
+#[derive(Debug)]
+pub struct UnreadablePartition {
+    pub partition_id: PartitionId,
+    pub error: Error,
+}
+
+/// Partition snapshots on an object store, as one cluster sees them. See the
+/// [module documentation](self) for the layout and the guarantees.
 pub struct SnapshotRepository {
+    /// Whose snapshots count; see [one cluster's view](self#one-clusters-view).
+    cluster: ClusterIdentity,
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     /// The store's address without the prefix (`s3://bucket`, `file:///data/snapshots`);
@@ -206,6 +268,8 @@ pub struct SnapshotRepository {
     multipart_part_bytes: u64,
     retry: RetryPolicy,
     rate_limiter: Option<Arc<RateLimiter>>,
+    /// SST objects known to hold their bytes: location → (size, ETag) when checked.
+    verified: std::sync::Mutex<std::collections::HashMap<ObjectPath, (u64, Option<String>)>>,
 }
 
 impl fmt::Debug for SnapshotRepository {
@@ -214,6 +278,7 @@ impl fmt::Debug for SnapshotRepository {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SnapshotRepository")
             .field("destination", &self.destination())
+            .field("cluster", &self.cluster)
             .finish_non_exhaustive()
     }
 }
@@ -224,13 +289,21 @@ enum Destination {
 }
 
 impl SnapshotRepository {
-    /// Opens the repository at `destination`: `file:///absolute/path` or an absolute path (the
-    /// folder is created if missing), or `s3://bucket[/prefix]` (credentials from the standard
-    /// AWS environment chain unless `options` gives them).
-    pub fn open(destination: &str, options: RepositoryOptions) -> Result<SnapshotRepository> {
+    /// Opens the repository at `destination` for `cluster`: `file:///absolute/path` or an
+    /// absolute path (the folder is created if missing), or `s3://bucket[/prefix]` (credentials
+    /// from the standard AWS environment chain unless `options` gives them).
+    pub fn open(
+        destination: &str,
+        cluster: ClusterIdentity,
+        options: RepositoryOptions,
+    ) -> Result<SnapshotRepository> {
         let invalid = |reason: String| Error::InvalidDestination {
             destination: redact_destination(destination),
             reason,
+        };
+        let unusable = |source: object_store::Error| Error::UnusableStore {
+            destination: redact_destination(destination),
+            source,
         };
         match parse_destination(destination).map_err(invalid)? {
             Destination::Local(path) => {
@@ -241,11 +314,12 @@ impl SnapshotRepository {
                 })?;
                 // fsync on: a local repository must survive power loss like S3 does.
                 let fs = LocalFileSystem::new_with_prefix(&path)
-                    .map_err(|e| invalid(e.to_string()))?
+                    .map_err(unusable)?
                     .with_fsync(true);
                 let fs = Arc::new(fs);
                 let root = std::fs::canonicalize(&path).unwrap_or(path);
                 Self::build(
+                    cluster,
                     fs.clone(),
                     ObjectPath::default(),
                     format!("file://{}", root.display()),
@@ -291,10 +365,11 @@ impl SnapshotRepository {
                         });
                     }
                 }
-                let store = builder.build().map_err(|e| invalid(e.to_string()))?;
+                let store = builder.build().map_err(unusable)?;
                 let prefix =
                     ObjectPath::parse(&prefix).map_err(|e| invalid(format!("bad prefix: {e}")))?;
                 Self::build(
+                    cluster,
                     Arc::new(store),
                     prefix,
                     format!("s3://{bucket}"),
@@ -313,6 +388,7 @@ impl SnapshotRepository {
         store: Arc<dyn ObjectStore>,
         name: &str,
         prefix: &str,
+        cluster: ClusterIdentity,
         options: RepositoryOptions,
     ) -> Result<SnapshotRepository> {
         let prefix = ObjectPath::parse(prefix).map_err(|e| Error::InvalidDestination {
@@ -320,6 +396,7 @@ impl SnapshotRepository {
             reason: format!("bad prefix: {e}"),
         })?;
         Self::build(
+            cluster,
             store,
             prefix,
             name.to_owned(),
@@ -330,6 +407,7 @@ impl SnapshotRepository {
     }
 
     fn build(
+        cluster: ClusterIdentity,
         store: Arc<dyn ObjectStore>,
         prefix: ObjectPath,
         store_root: String,
@@ -362,6 +440,7 @@ impl SnapshotRepository {
             );
         }
         Ok(SnapshotRepository {
+            cluster,
             store,
             prefix,
             store_root,
@@ -373,7 +452,13 @@ impl SnapshotRepository {
             rate_limiter: options
                 .rate_limit_bytes_per_second
                 .map(|rate| Arc::new(RateLimiter::new(rate))),
+            verified: Default::default(),
         })
+    }
+
+    /// The cluster whose snapshots this repository counts.
+    pub fn cluster(&self) -> &ClusterIdentity {
+        &self.cluster
     }
 
     /// Where the repository is, e.g. `s3://bucket/prefix` or `file:///data/snapshots`.
@@ -385,8 +470,9 @@ impl SnapshotRepository {
         }
     }
 
-    /// The object store below the repository, for tools and benchmarks. Writing to it directly
+    /// The object store below the repository, for tests and benchmarks. Writing to it directly
     /// bypasses every guarantee of the repository.
+    #[cfg(feature = "test-util")]
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
@@ -457,44 +543,63 @@ impl SnapshotRepository {
         Ok(partitions)
     }
 
-    /// The partition's `latest.json`, or `None` if it has no published snapshot.
+    /// This cluster's view of the partition's `latest.json` ([`LatestSnapshot::of_cluster`]), or
+    /// `None` if this cluster has no published snapshot of it.
     pub async fn latest(&self, partition: PartitionId) -> Result<Option<LatestSnapshot>> {
-        Ok(self.read_latest(partition).await?.latest)
+        Ok(self
+            .read_latest(partition)
+            .await?
+            .latest
+            .and_then(|latest| latest.of_cluster(&self.cluster)))
     }
 
-    /// The visible snapshots of one partition, or of all, newest first within each partition
-    /// and partitions in ascending order.
-    pub async fn list(&self, partition: Option<PartitionId>) -> Result<Vec<SnapshotSummary>> {
+    /// This cluster's visible snapshots of one partition, or of all, newest first within each
+    /// partition and partitions in ascending order. A partition whose `latest.json` or retained
+    /// `metadata.json` cannot be read is reported in [`SnapshotListing::unreadable`], not listed;
+    /// only failing to list the partitions fails the call.
+    pub async fn list(&self, partition: Option<PartitionId>) -> Result<SnapshotListing> {
         let partitions = match partition {
             Some(partition) => vec![partition],
             None => self.partitions().await?,
         };
-        let mut summaries = Vec::new();
+        let mut listing = SnapshotListing::default();
         for partition in partitions {
-            let Some(latest) = self.latest(partition).await? else {
-                continue;
-            };
-            let listed: Vec<SnapshotSummary> = futures::stream::iter(latest.retained)
-                .map(|retained| async move {
-                    let (_, metadata) = self.read_metadata(partition, &retained).await?;
-                    Ok::<_, Error>(SnapshotSummary {
-                        snapshot_id: metadata.snapshot_id,
-                        partition_id: partition,
-                        min_applied_lsn: metadata.min_applied_lsn,
-                        created_at: metadata.created_at,
-                        node_name: metadata.node_name.clone(),
-                        size: metadata.size(),
-                        files: metadata.files.len(),
-                        new_bytes: metadata.stats.map(|s| s.uploaded_bytes).unwrap_or(0),
-                        path: retained.path.clone(),
-                    })
-                })
-                .buffered(self.transfer_concurrency)
-                .try_collect()
-                .await?;
-            summaries.extend(listed);
+            match self.list_partition_snapshots(partition).await {
+                Ok(listed) => listing.snapshots.extend(listed),
+                Err(error) => listing.unreadable.push(UnreadablePartition {
+                    partition_id: partition,
+                    error,
+                }),
+            }
         }
-        Ok(summaries)
+        Ok(listing)
+    }
+
+    async fn list_partition_snapshots(
+        &self,
+        partition: PartitionId,
+    ) -> Result<Vec<SnapshotSummary>> {
+        let Some(latest) = self.latest(partition).await? else {
+            return Ok(Vec::new());
+        };
+        futures::stream::iter(latest.retained)
+            .map(|retained| async move {
+                let (_, metadata) = self.read_metadata(partition, &retained).await?;
+                Ok::<_, Error>(SnapshotSummary {
+                    snapshot_id: metadata.snapshot_id,
+                    partition_id: partition,
+                    min_applied_lsn: metadata.min_applied_lsn,
+                    created_at: metadata.created_at,
+                    node_name: metadata.node_name.clone(),
+                    size: metadata.size(),
+                    files: metadata.files.len(),
+                    new_bytes: metadata.stats.map(|s| s.uploaded_bytes).unwrap_or(0),
+                    path: retained.path.clone(),
+                })
+            })
+            .buffered(self.transfer_concurrency)
+            .try_collect()
+            .await
     }
 
     /// The metadata of a visible snapshot of `partition`.
@@ -519,7 +624,9 @@ impl SnapshotRepository {
         Ok(self.read_metadata(partition, &retained).await?.1)
     }
 
-    /// Finds a visible snapshot in any partition.
+    /// Finds a visible snapshot of this cluster in any partition. Partitions whose `latest.json`
+    /// cannot be read are skipped; if the snapshot is in none of the others, the error names
+    /// them ([`Error::SnapshotNotFoundInReadable`]).
     pub async fn find(&self, snapshot_id: SnapshotId) -> Result<(PartitionId, SnapshotMetadata)> {
         let (partition, retained) = self.find_retained(snapshot_id).await?;
         let (_, metadata) = self.read_metadata(partition, &retained).await?;
@@ -534,8 +641,17 @@ impl SnapshotRepository {
         let mut latests = futures::stream::iter(partitions)
             .map(|partition| async move { (partition, self.latest(partition).await) })
             .buffered(self.transfer_concurrency);
+        let mut unreadable: Vec<(PartitionId, Error)> = Vec::new();
         while let Some((partition, latest)) = latests.next().await {
-            let found = latest?.and_then(|latest| {
+            let latest = match latest {
+                Ok(latest) => latest,
+                Err(error) => {
+                    tracing::warn!(%partition, %error, "cannot read latest.json; searching the other partitions");
+                    unreadable.push((partition, error));
+                    continue;
+                }
+            };
+            let found = latest.and_then(|latest| {
                 latest
                     .retained
                     .into_iter()
@@ -545,10 +661,22 @@ impl SnapshotRepository {
                 return Ok((partition, retained));
             }
         }
-        Err(Error::SnapshotNotFound {
-            snapshot_id,
-            destination: self.destination(),
-        })
+        let destination = self.destination();
+        let mut unreadable = unreadable.into_iter();
+        match unreadable.next() {
+            None => Err(Error::SnapshotNotFound {
+                snapshot_id,
+                destination,
+            }),
+            Some((first_partition, first_error)) => Err(Error::SnapshotNotFoundInReadable {
+                snapshot_id,
+                destination,
+                partitions: std::iter::once(first_partition)
+                    .chain(unreadable.map(|(partition, _)| partition))
+                    .collect(),
+                source: Box::new(first_error),
+            }),
+        }
     }
 
     /// Reads and checks a retained snapshot's `metadata.json`; returns its bytes as stored too.
@@ -562,6 +690,14 @@ impl SnapshotRepository {
             .retry
             .run("read metadata.json", || async {
                 match self.store.get(&location).await {
+                    Ok(result) if result.meta.size > METADATA_JSON_BYTES_MAX => {
+                        Err(Error::TooLarge {
+                            location: self.describe(&location),
+                            size: result.meta.size,
+                            limit: METADATA_JSON_BYTES_MAX,
+                            what: "a metadata.json",
+                        })
+                    }
                     Ok(result) => result
                         .bytes()
                         .await
@@ -670,6 +806,10 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    fn cluster() -> ClusterIdentity {
+        ClusterIdentity::new("test-cluster", "2026-01-01T00:00:00.000Z")
+    }
+
     #[test]
     fn destinations_parse_into_local_folders_and_buckets() {
         assert!(matches!(
@@ -702,6 +842,7 @@ mod tests {
     fn secrets_in_a_destination_are_never_repeated() {
         let err = SnapshotRepository::open(
             "s3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/prefix?token=SECRETTOKEN",
+            cluster(),
             RepositoryOptions::default(),
         )
         .unwrap_err()
@@ -721,7 +862,7 @@ mod tests {
         };
         let shown = format!("{options:?}");
         assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"));
-        let repo = SnapshotRepository::open("s3://bucket/prefix", options).unwrap();
+        let repo = SnapshotRepository::open("s3://bucket/prefix", cluster(), options).unwrap();
         let shown = format!("{repo:?}");
         assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("wJalrXUtnFEMI"));
         assert!(shown.contains("s3://bucket/prefix"), "{shown}");
@@ -746,21 +887,21 @@ mod tests {
             },
         ];
         for options in cases {
-            let err = SnapshotRepository::open(path, options).unwrap_err();
+            let err = SnapshotRepository::open(path, cluster(), options).unwrap_err();
             assert!(matches!(err, Error::InvalidOptions { .. }), "{err}");
         }
         let small_parts = RepositoryOptions {
             multipart_part_bytes: MIB,
             ..RepositoryOptions::default()
         };
-        assert!(SnapshotRepository::open(path, small_parts.clone()).is_ok());
-        let err = SnapshotRepository::open("s3://bucket", small_parts).unwrap_err();
+        assert!(SnapshotRepository::open(path, cluster(), small_parts.clone()).is_ok());
+        let err = SnapshotRepository::open("s3://bucket", cluster(), small_parts).unwrap_err();
         assert!(err.to_string().contains("5 MiB"), "{err}");
         let half_credentials = RepositoryOptions {
             access_key_id: Some("id".into()),
             ..RepositoryOptions::default()
         };
-        assert!(SnapshotRepository::open("s3://bucket", half_credentials).is_err());
+        assert!(SnapshotRepository::open("s3://bucket", cluster(), half_credentials).is_err());
     }
 
     #[test]
@@ -785,6 +926,7 @@ mod tests {
             Arc::new(object_store::memory::InMemory::new()),
             "memory://",
             "cluster/a",
+            cluster(),
             RepositoryOptions::default(),
         )
         .unwrap();

@@ -4,8 +4,8 @@
 //! [collects the partition's garbage](super::gc); a failure there does not fail the publish.
 
 use super::gc::{DEFAULT_ORPHAN_GRACE, GcOptions, GcReport};
+use super::hashing::Progress;
 use super::latest::{LatestRead, LatestSnapshot, RetainedSnapshot};
-use super::transfer::Progress;
 use super::{SnapshotRepository, snapshot_folder};
 use crate::metadata::PublishStats;
 use crate::{Checksum, Error, Result, SnapshotId, SnapshotMetadata};
@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 /// repository count as done at once.
 pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
-/// A point in publishing after which [`PublishOptions::stop_after`] can stop.
+/// A point in publishing after which `PublishOptions::stop_after` can stop (feature
+/// `test-util`).
+#[cfg(feature = "test-util")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PublishStep {
     /// Every SST file is in `ssts/`.
@@ -32,9 +34,10 @@ pub enum PublishStep {
 /// How to publish.
 #[derive(Clone, Default)]
 pub struct PublishOptions {
-    /// Keep this many snapshots visible (at least the new one); all when `None`. The ones that
-    /// fall out are returned in [`PublishReport::evicted`] and deleted right away, with the SSTs
-    /// that only they referenced, by a garbage collection ([`PublishReport::gc`]).
+    /// Keep this many of this cluster's snapshots visible (at least the new one); all when
+    /// `None`. The ones that fall out are returned in [`PublishReport::evicted`] and deleted right
+    /// away, with the SSTs that only they referenced, by a garbage collection
+    /// ([`PublishReport::gc`]). Other clusters' snapshots are neither counted nor evicted.
     pub num_retained: Option<usize>,
     /// How old other unreferenced objects of the partition must be for the garbage collection
     /// that follows an eviction to delete them (they may belong to a publish in flight);
@@ -45,8 +48,9 @@ pub struct PublishOptions {
     /// publish fail with [`Error::Conflict`].
     pub based_on: Option<LatestRead>,
     pub on_progress: Option<ProgressFn>,
-    /// Stop with [`Error::StoppedAfter`] once this step is done, as a crash there would: for
+    /// Stop with `Error::StoppedAfter` once this step is done, as a crash there would: for
     /// fault tests.
+    #[cfg(feature = "test-util")]
     pub stop_after: Option<PublishStep>,
 }
 
@@ -94,7 +98,8 @@ impl SnapshotRepository {
             .await
     }
 
-    /// [`SnapshotRepository::publish`] with options.
+    /// [`SnapshotRepository::publish`] with options. `metadata` must name this repository's
+    /// cluster ([`Error::ForeignSnapshot`] if not).
     pub async fn publish_with(
         &self,
         export_dir: &Path,
@@ -104,39 +109,167 @@ impl SnapshotRepository {
         let started = Instant::now();
         let partition = metadata.partition_id;
         let snapshot_id = metadata.snapshot_id;
-        metadata
-            .validate()
-            .map_err(|reason| Error::MalformedMetadata {
-                location: format!("the metadata of the export in {}", export_dir.display()),
-                reason,
-            })?;
-
+        self.check_publishable(export_dir, &metadata)?;
         // Read latest.json first: refusing an out-of-date snapshot costs nothing now, and the
         // swap at the end must be against what was read here.
         let base = match options.based_on.clone() {
             Some(base) => base,
             None => self.read_latest(partition).await?,
         };
-        if let Some(latest) = &base.latest {
-            if latest.retained.iter().any(|r| r.snapshot_id == snapshot_id) {
-                return Err(Error::AlreadyPublished {
-                    partition,
-                    snapshot_id,
-                });
-            }
-            if metadata.min_applied_lsn < latest.min_applied_lsn {
-                return Err(Error::OlderThanLatest {
-                    partition,
-                    snapshot_id,
-                    min_applied_lsn: metadata.min_applied_lsn,
-                    latest_snapshot_id: latest.snapshot_id,
-                    latest_lsn: latest.min_applied_lsn,
-                });
-            }
-        }
+        let previous = self
+            .adopt_own_unlabelled(partition, base.latest.clone())
+            .await;
+        self.check_newer_than_latest(&metadata, previous.as_ref())?;
 
         // 1. SST files.
-        let progress = Progress::new(metadata.size(), options.on_progress.clone());
+        let uploaded = self
+            .publish_files(export_dir, &mut metadata, options.on_progress.clone())
+            .await?;
+        #[cfg(feature = "test-util")]
+        stop_if_asked(&options, PublishStep::SstsUploaded)?;
+
+        // 2. metadata.json.
+        let folder = snapshot_folder(metadata.min_applied_lsn, snapshot_id);
+        let metadata = self.write_metadata(&folder, metadata).await?;
+        #[cfg(feature = "test-util")]
+        stop_if_asked(&options, PublishStep::MetadataWritten)?;
+
+        // 3. latest.json: the snapshot becomes visible.
+        let newest = RetainedSnapshot {
+            snapshot_id,
+            min_applied_lsn: metadata.min_applied_lsn,
+            path: folder.clone(),
+            cluster: Some(self.cluster.clone()),
+        };
+        let (latest, evicted) =
+            LatestSnapshot::with_newest(previous.as_ref(), partition, newest, options.num_retained);
+        self.swap_latest(partition, &base.version, &latest).await?;
+        let duration = started.elapsed();
+        let gc = self.collect_evicted(&metadata, &evicted, &options).await;
+
+        let report = PublishReport {
+            snapshot_id,
+            partition_id: partition,
+            min_applied_lsn: metadata.min_applied_lsn,
+            path: folder,
+            files: metadata.files.len(),
+            total_bytes: metadata.size(),
+            uploaded_files: uploaded.len(),
+            uploaded_bytes: metadata.stats.map_or(0, |s| s.uploaded_bytes),
+            uploaded,
+            evicted,
+            gc,
+            duration,
+            metadata,
+        };
+        // The caller reports the publish to the operator (the node does, once per snapshot).
+        tracing::debug!(
+            %snapshot_id,
+            %partition,
+            lsn = %report.min_applied_lsn,
+            files = report.files,
+            total_bytes = report.total_bytes,
+            uploaded_files = report.uploaded_files,
+            uploaded_bytes = report.uploaded_bytes,
+            evicted = report.evicted.len(),
+            duration = ?report.duration,
+            destination = %self.destination(),
+            "published snapshot"
+        );
+        Ok(report)
+    }
+
+    /// Refuses metadata that is malformed or names another cluster than this repository's.
+    fn check_publishable(&self, export_dir: &Path, metadata: &SnapshotMetadata) -> Result<()> {
+        metadata
+            .validate()
+            .map_err(|reason| Error::MalformedMetadata {
+                location: format!("the metadata of the export in {}", export_dir.display()),
+                reason,
+            })?;
+        let ours = metadata.cluster_name == self.cluster.cluster_name
+            && metadata.cluster_created_at.as_deref()
+                == Some(self.cluster.cluster_created_at.as_str());
+        if !ours {
+            return Err(Error::ForeignSnapshot {
+                snapshot_id: metadata.snapshot_id,
+                found_cluster: metadata.cluster_name.clone(),
+                found_created_at: metadata.cluster_created_at.clone(),
+                repository_cluster: self.cluster.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a snapshot already published, or older than this cluster's latest one (so that
+    /// its `latest.json` view never goes back). Other clusters' snapshots do not count.
+    fn check_newer_than_latest(
+        &self,
+        metadata: &SnapshotMetadata,
+        previous: Option<&LatestSnapshot>,
+    ) -> Result<()> {
+        let (partition, snapshot_id) = (metadata.partition_id, metadata.snapshot_id);
+        let Some(latest) = previous else {
+            return Ok(());
+        };
+        if latest.retained.iter().any(|r| r.snapshot_id == snapshot_id) {
+            return Err(Error::AlreadyPublished {
+                partition,
+                snapshot_id,
+            });
+        }
+        if let Some(own) = latest.of_cluster(&self.cluster)
+            && metadata.min_applied_lsn < own.min_applied_lsn
+        {
+            return Err(Error::OlderThanLatest {
+                partition,
+                snapshot_id,
+                min_applied_lsn: metadata.min_applied_lsn,
+                latest_snapshot_id: own.snapshot_id,
+                latest_lsn: own.min_applied_lsn,
+            });
+        }
+        Ok(())
+    }
+
+    /// `latest` with its entries that name no cluster (written before entries named one)
+    /// labelled as this cluster's where their `metadata.json` says they are: the first publish
+    /// after an upgrade adopts its cluster's older snapshots, so retention counts them. An entry
+    /// whose `metadata.json` cannot be read or names no creation time stays unlabelled: it counts
+    /// for no cluster and is kept.
+    async fn adopt_own_unlabelled(
+        &self,
+        partition: PartitionId,
+        latest: Option<LatestSnapshot>,
+    ) -> Option<LatestSnapshot> {
+        let mut latest = latest?;
+        for entry in latest.retained.iter_mut().filter(|r| r.cluster.is_none()) {
+            let ours = match self.read_metadata(partition, entry).await {
+                Ok((_, metadata)) => {
+                    metadata.cluster_name == self.cluster.cluster_name
+                        && metadata.cluster_created_at.as_deref()
+                            == Some(self.cluster.cluster_created_at.as_str())
+                }
+                Err(_) => false,
+            };
+            if ours {
+                entry.cluster = Some(self.cluster.clone());
+            }
+        }
+        Some(latest)
+    }
+
+    /// Puts every file of the export in `ssts/` (uploading those not there, checking those
+    /// that are), and records each file's checksum and key and the upload stats in `metadata`.
+    /// Returns the names of the files uploaded.
+    async fn publish_files(
+        &self,
+        export_dir: &Path,
+        metadata: &mut SnapshotMetadata,
+        on_progress: Option<ProgressFn>,
+    ) -> Result<Vec<String>> {
+        let partition = metadata.partition_id;
+        let progress = Progress::new(metadata.size(), on_progress);
         // Owned items: a stream over borrowed ones makes the future unusable with tokio::spawn
         // (rust-lang/rust#102211).
         let progress = &progress;
@@ -160,10 +293,19 @@ impl SnapshotRepository {
             }
         }
         metadata.stats = Some(stats);
-        stop_if_asked(&options, PublishStep::SstsUploaded)?;
+        Ok(uploaded)
+    }
 
-        // 2. metadata.json, create-only: an existing one means this id was published before.
-        let folder = snapshot_folder(metadata.min_applied_lsn, snapshot_id);
+    /// Writes `metadata.json` into `folder`, create-only: an existing one means this id was
+    /// published before. A retry of a publish that stopped after this step goes on if it is the
+    /// same snapshot, with the stats as first written (they count what the first attempt
+    /// uploaded). Returns the metadata as stored.
+    async fn write_metadata(
+        &self,
+        folder: &str,
+        metadata: SnapshotMetadata,
+    ) -> Result<SnapshotMetadata> {
+        let (partition, snapshot_id) = (metadata.partition_id, metadata.snapshot_id);
         let location = self.object_path(partition, &format!("{folder}/metadata.json"));
         let payload = PutPayload::from(metadata.to_json_pretty());
         let created = self
@@ -184,84 +326,44 @@ impl SnapshotRepository {
                 }
             })
             .await?;
-        if !created {
-            // A retry of a publish that stopped after this step: go on if it is the same snapshot.
-            // Its stats stay as first written; they count what the first attempt uploaded.
-            metadata = self
-                .same_metadata_written_before(&location, metadata)
-                .await?
-                .ok_or(Error::AlreadyPublished {
-                    partition,
-                    snapshot_id,
-                })?;
+        if created {
+            return Ok(metadata);
         }
-        stop_if_asked(&options, PublishStep::MetadataWritten)?;
+        self.same_metadata_written_before(&location, metadata)
+            .await?
+            .ok_or(Error::AlreadyPublished {
+                partition,
+                snapshot_id,
+            })
+    }
 
-        // 3. latest.json: the snapshot becomes visible.
-        let newest = RetainedSnapshot {
-            snapshot_id,
-            min_applied_lsn: metadata.min_applied_lsn,
-            path: folder.clone(),
+    /// After a swap that evicted snapshots, deletes them and what only they referenced; a
+    /// failure is logged and reported, not returned: the snapshot is visible either way.
+    async fn collect_evicted(
+        &self,
+        metadata: &SnapshotMetadata,
+        evicted: &[RetainedSnapshot],
+        options: &PublishOptions,
+    ) -> Option<Result<GcReport, Arc<Error>>> {
+        if evicted.is_empty() {
+            return None;
+        }
+        let (partition, snapshot_id) = (metadata.partition_id, metadata.snapshot_id);
+        let gc_options = GcOptions {
+            orphan_grace: options.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE),
+            evicted: evicted.to_vec(),
         };
-        let (latest, evicted) = LatestSnapshot::with_newest(
-            base.latest.as_ref(),
-            partition,
-            newest,
-            options.num_retained,
-        );
-        self.swap_latest(partition, &base.version, &latest).await?;
-        let duration = started.elapsed();
-
-        let gc = if evicted.is_empty() {
-            None
-        } else {
-            let gc_options = GcOptions {
-                orphan_grace: options.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE),
-                evicted: evicted.clone(),
-            };
-            let collected = self.collect_garbage(partition, &gc_options).await;
-            if let Err(error) = &collected {
-                tracing::warn!(
-                    %snapshot_id,
-                    %partition,
-                    %error,
-                    "published snapshot, but could not collect the snapshots it evicted; a \
-                     later collection deletes them"
-                );
-            }
-            Some(collected.map_err(Arc::new))
-        };
-
-        let report = PublishReport {
-            snapshot_id,
-            partition_id: partition,
-            min_applied_lsn: metadata.min_applied_lsn,
-            path: folder,
-            files: metadata.files.len(),
-            total_bytes: metadata.size(),
-            uploaded_files: uploaded.len(),
-            uploaded_bytes: stats.uploaded_bytes,
-            uploaded,
-            evicted,
-            gc,
-            duration,
-            metadata,
-        };
-        // The caller reports the publish to the operator (the node does, once per snapshot).
-        tracing::debug!(
-            %snapshot_id,
-            %partition,
-            lsn = %report.min_applied_lsn,
-            files = report.files,
-            total_bytes = report.total_bytes,
-            uploaded_files = report.uploaded_files,
-            uploaded_bytes = report.uploaded_bytes,
-            evicted = report.evicted.len(),
-            duration = ?report.duration,
-            destination = %self.destination(),
-            "published snapshot"
-        );
-        Ok(report)
+        let collected = self.collect_garbage(partition, &gc_options).await;
+        if let Err(error) = &collected {
+            tracing::warn!(
+                %snapshot_id,
+                %partition,
+                %error,
+                "published snapshot, but could not collect the snapshots it evicted; a later \
+                 collection deletes them"
+            );
+        }
+        Some(collected.map_err(Arc::new))
     }
 
     /// The `metadata.json` at `location` if it describes the same snapshot as `ours` (ignoring
@@ -293,7 +395,7 @@ impl SnapshotRepository {
         Ok((without_stats(&existing) == without_stats(&ours)).then_some(existing))
     }
 
-    /// Hashes one export file and uploads it unless the repository has it already.
+    /// Hashes one export file and uploads it unless the repository holds a good copy already.
     async fn publish_file(
         &self,
         partition: PartitionId,
@@ -308,7 +410,7 @@ impl SnapshotRepository {
                 reason,
             })?;
         let path = export_dir.join(name);
-        let (size, checksum) = super::transfer::hash_file(&path).await?;
+        let (size, checksum) = super::hashing::hash_file(&path).await?;
         if size != file.size {
             return Err(Error::BadExport {
                 path,
@@ -317,19 +419,7 @@ impl SnapshotRepository {
         }
         let key = format!("ssts/{}.sst", checksum.hex());
         let location = self.object_path(partition, &key);
-        let existing = self
-            .retry
-            .run("check sst", || async {
-                match self.store.head(&location).await {
-                    Ok(meta) => Ok(Some(meta.size)),
-                    Err(object_store::Error::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(self.store_error("check", &location, e)),
-                }
-            })
-            .await?;
-        // Same content hash and size: the object holds these bytes (verify would tell otherwise).
-        // Any other size is a broken leftover, replaced below.
-        if existing == Some(size) {
+        if self.holds_good_copy(&location, size, checksum).await? {
             tracing::debug!(file = name, key, "sst already in the repository");
             progress.advance(size);
             return Ok(PublishedFile {
@@ -340,6 +430,7 @@ impl SnapshotRepository {
         }
         self.upload_file(&path, &location, Some(checksum), progress)
             .await?;
+        self.remember_uploaded(&location).await;
         tracing::debug!(file = name, key, size, "uploaded sst");
         Ok(PublishedFile {
             checksum,
@@ -349,6 +440,7 @@ impl SnapshotRepository {
     }
 }
 
+#[cfg(feature = "test-util")]
 fn stop_if_asked(options: &PublishOptions, step: PublishStep) -> Result<()> {
     if options.stop_after == Some(step) {
         return Err(Error::StoppedAfter { step });

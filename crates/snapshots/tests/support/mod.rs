@@ -3,11 +3,11 @@
 
 #![allow(dead_code)]
 
-pub mod moto;
+pub use cairn_snapshots::test_util::moto;
 
 use cairn_snapshots::{
-    MetadataVersion, RepositoryOptions, SnapshotFile, SnapshotId, SnapshotMetadata,
-    SnapshotRepository,
+    ClusterIdentity, MetadataVersion, RepositoryOptions, SnapshotFile, SnapshotId,
+    SnapshotMetadata, SnapshotRepository,
 };
 use cairn_types::{KeyRange, LogId, Lsn, PartitionId};
 use rand::{RngCore, SeedableRng};
@@ -26,7 +26,50 @@ pub enum Backend {
 /// A repository and whatever must live as long as it.
 pub struct TestRepo {
     pub repo: SnapshotRepository,
-    _dir: Option<TempDir>,
+    _dir: Option<Arc<TempDir>>,
+    /// How to open another handle on the same storage.
+    reopen: Reopen,
+}
+
+#[derive(Clone)]
+enum Reopen {
+    Destination(String, RepositoryOptions),
+    Memory(Arc<object_store::memory::InMemory>, RepositoryOptions),
+}
+
+impl TestRepo {
+    /// Another handle on the same storage, opened for `cluster`: what another node or a
+    /// re-created cluster sharing the repository sees.
+    pub fn for_cluster(&self, cluster: ClusterIdentity) -> TestRepo {
+        let repo = match &self.reopen {
+            Reopen::Destination(destination, options) => {
+                SnapshotRepository::open(destination, cluster, options.clone()).unwrap()
+            }
+            Reopen::Memory(store, options) => SnapshotRepository::from_object_store(
+                store.clone(),
+                "memory://",
+                "cluster",
+                cluster,
+                options.clone(),
+            )
+            .unwrap(),
+        };
+        TestRepo {
+            repo,
+            _dir: self._dir.clone(),
+            reopen: self.reopen.clone(),
+        }
+    }
+
+    /// The local repository's folder; `None` for the other backends.
+    pub fn local_folder(&self) -> Option<std::path::PathBuf> {
+        match &self.reopen {
+            Reopen::Destination(destination, _) => destination
+                .strip_prefix("file://")
+                .map(std::path::PathBuf::from),
+            Reopen::Memory(..) => None,
+        }
+    }
 }
 
 impl std::ops::Deref for TestRepo {
@@ -36,19 +79,39 @@ impl std::ops::Deref for TestRepo {
     }
 }
 
+/// The cluster the tests' repositories and exports belong to.
+pub fn cluster() -> ClusterIdentity {
+    ClusterIdentity::new("test-cluster", "2026-01-01T00:00:00.000Z")
+}
+
+/// Another cluster of the same name: one re-created on a reset base dir.
+pub fn recreated_cluster() -> ClusterIdentity {
+    ClusterIdentity::new("test-cluster", "2026-06-01T00:00:00.000Z")
+}
+
 pub fn repository(backend: Backend) -> TestRepo {
     repository_with(backend, RepositoryOptions::default())
 }
 
 pub fn repository_with(backend: Backend, options: RepositoryOptions) -> TestRepo {
+    repository_for(backend, cluster(), options)
+}
+
+/// A repository opened for `cluster`.
+pub fn repository_for(
+    backend: Backend,
+    cluster: ClusterIdentity,
+    options: RepositoryOptions,
+) -> TestRepo {
     match backend {
         Backend::Local => {
             let dir = tempfile::tempdir().unwrap();
             let destination = format!("file://{}/snapshots", dir.path().display());
-            let repo = SnapshotRepository::open(&destination, options).unwrap();
+            let repo = SnapshotRepository::open(&destination, cluster, options.clone()).unwrap();
             TestRepo {
                 repo,
-                _dir: Some(dir),
+                _dir: Some(Arc::new(dir)),
+                reopen: Reopen::Destination(destination, options),
             }
         }
         Backend::S3 => {
@@ -62,16 +125,29 @@ pub fn repository_with(backend: Backend, options: RepositoryOptions) -> TestRepo
                 secret_access_key: Some("testing".into()),
                 ..options
             };
-            let repo =
-                SnapshotRepository::open(&format!("s3://{bucket}/cluster/one"), options).unwrap();
-            TestRepo { repo, _dir: None }
+            let destination = format!("s3://{bucket}/cluster/one");
+            let repo = SnapshotRepository::open(&destination, cluster, options.clone()).unwrap();
+            TestRepo {
+                repo,
+                _dir: None,
+                reopen: Reopen::Destination(destination, options),
+            }
         }
         Backend::Memory => {
             let store = Arc::new(object_store::memory::InMemory::new());
-            let repo =
-                SnapshotRepository::from_object_store(store, "memory://", "cluster", options)
-                    .unwrap();
-            TestRepo { repo, _dir: None }
+            let repo = SnapshotRepository::from_object_store(
+                store.clone(),
+                "memory://",
+                "cluster",
+                cluster,
+                options.clone(),
+            )
+            .unwrap();
+            TestRepo {
+                repo,
+                _dir: None,
+                reopen: Reopen::Memory(store, options),
+            }
         }
     }
 }
@@ -104,8 +180,19 @@ impl Export {
     }
 }
 
-/// An export of partition `partition` at `lsn` with the given files (`("000001.sst", bytes)`).
+/// An export of partition `partition` at `lsn` with the given files (`("000001.sst", bytes)`),
+/// taken by [`cluster`].
 pub fn export(partition: u16, lsn: u64, files: &[(&str, Vec<u8>)]) -> Export {
+    export_of(&cluster(), partition, lsn, files)
+}
+
+/// [`export`] taken by `cluster`.
+pub fn export_of(
+    cluster: &ClusterIdentity,
+    partition: u16,
+    lsn: u64,
+    files: &[(&str, Vec<u8>)],
+) -> Export {
     let dir = tempfile::tempdir().unwrap();
     let snapshot_id = SnapshotId::generate();
     let mut metadata_files = Vec::new();
@@ -131,7 +218,7 @@ pub fn export(partition: u16, lsn: u64, files: &[(&str, Vec<u8>)]) -> Export {
     }
     let metadata = SnapshotMetadata {
         version: MetadataVersion::V1,
-        cluster_name: "test-cluster".into(),
+        cluster_name: cluster.cluster_name.clone(),
         partition_id: PartitionId(partition),
         node_name: "n1".into(),
         created_at: SystemTime::now(),
@@ -141,7 +228,7 @@ pub fn export(partition: u16, lsn: u64, files: &[(&str, Vec<u8>)]) -> Export {
         db_comparator_name: "leveldb.BytewiseComparator".into(),
         files: metadata_files,
         log_id: LogId(partition),
-        cluster_created_at: None,
+        cluster_created_at: Some(cluster.cluster_created_at.clone()),
         stats: None,
     };
     Export {
