@@ -98,7 +98,7 @@ impl NodeState {
             .ok_or_else(|| cairn_worker::Error::Snapshot {
                 partition: id,
                 context: "create snapshot",
-                message:
+                source:
                     "this node has no snapshot repository (worker.snapshots.destination = \"none\")"
                         .into(),
             })?;

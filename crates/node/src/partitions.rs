@@ -28,8 +28,8 @@ use cairn_partition_store::{PartitionStore, PartitionStoreManager};
 use cairn_snapshots::SnapshotId;
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use cairn_worker::{
-    Clock, Error, Partition, PartitionStatus, RestoreProgressFn, RestoreStep, Restored, Restorer,
-    Result, repair_interrupted_restore,
+    Clock, Error, Partition, PartitionStatus, RestoreFailure, RestoreProgressFn, RestoreStep,
+    Restored, Restorer, Result, repair_interrupted_restore,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -48,6 +48,44 @@ enum SlotState {
     Restoring,
     /// The node is bringing it up (repair, maybe a restore, replay).
     Starting,
+}
+
+/// Why a partition cannot start: the sentence its slot shows while it is down.
+#[derive(Debug, thiserror::Error)]
+enum NotStarted {
+    #[error(transparent)]
+    Worker(#[from] Error),
+    #[error("read the log's state: {0}")]
+    LogState(#[source] cairn_log::Error),
+    #[error(transparent)]
+    Store(#[from] cairn_partition_store::Error),
+    #[error("partition {0} has no store after its restore")]
+    NoStoreAfterRestore(PartitionId),
+    /// The log no longer holds records the store lacks, and no snapshot could fill the gap.
+    #[error(
+        "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN \
+         {applied}, so records {}..={trim_point} are missing, and {source}. Point \
+         worker.snapshots.destination at a repository holding a snapshot of partition {partition} \
+         at LSN {trim_point} or later and restart the node (if the repository is already right \
+         but was unreachable, `cairnctl partitions restore -p {partition}` retries without a \
+         restart)",
+        applied.0 + 1
+    )]
+    Gap {
+        partition: PartitionId,
+        trim_point: Lsn,
+        applied: Lsn,
+        source: Error,
+    },
+}
+
+/// Why this node does not lead a partition it started.
+#[derive(Debug, thiserror::Error)]
+enum NotLeading {
+    #[error("cannot record this node as its leader: {0:#}; restart the node")]
+    Record(#[source] anyhow::Error),
+    #[error(transparent)]
+    Worker(Error),
 }
 
 /// One partition of this node, whatever its state.
@@ -225,7 +263,7 @@ impl Partitions {
             Ok(store) => store,
             Err(reason) => {
                 error!(partition = %slot.id, "partition is not serving: {reason}");
-                slot.set(SlotState::Down(reason));
+                slot.set(SlotState::Down(reason.to_string()));
                 return false;
             }
         };
@@ -243,7 +281,7 @@ impl Partitions {
             }
             Err(reason) => {
                 partition.shutdown().await;
-                slot.set(SlotState::Down(reason));
+                slot.set(SlotState::Down(reason.to_string()));
                 false
             }
         }
@@ -271,19 +309,14 @@ impl Partitions {
     }
 
     /// Decides how `slot` starts and gets its store ready; `Err` is why it cannot start.
-    async fn prepare(&self, slot: &Slot) -> std::result::Result<PartitionStore, String> {
+    async fn prepare(&self, slot: &Slot) -> std::result::Result<PartitionStore, NotStarted> {
         let id = slot.id;
-        repair_interrupted_restore(&self.stores, &self.staging_root, id)
-            .map_err(|e| e.to_string())?;
-        let log = slot
-            .log
-            .state()
-            .await
-            .map_err(|e| format!("read the log's state: {e}"))?;
+        repair_interrupted_restore(&self.stores, &self.staging_root, id)?;
+        let log = slot.log.state().await.map_err(NotStarted::LogState)?;
         let trim_point = log.trim_point;
         let existing = self.stores.partition(id);
         let applied = match &existing {
-            Some(store) => store.applied_lsn().map_err(|e| e.to_string())?,
+            Some(store) => store.applied_lsn()?,
             None => Lsn::ZERO,
         };
         if log.tail < applied {
@@ -294,7 +327,7 @@ impl Partitions {
                 applied,
                 tail: log.tail,
             }
-            .to_string());
+            .into());
         }
         let gap = trim_point > applied;
         if let (Some(store), false) = (&existing, gap) {
@@ -314,22 +347,22 @@ impl Partitions {
                     return self
                         .stores
                         .partition(id)
-                        .ok_or_else(|| format!("partition {id} has no store after its restore"));
+                        .ok_or(NotStarted::NoStoreAfterRestore(id));
                 }
                 Err(err) if gap => {
-                    return Err(format!(
-                        "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN {applied}, so records {}..={trim_point} are missing, and {err}. Point worker.snapshots.destination at a repository holding a snapshot of partition {id} at LSN {trim_point} or later and restart the node (if the repository is already right but was unreachable, `cairnctl partitions restore -p {id}` retries without a restart)",
-                        applied.0 + 1
-                    ));
+                    return Err(NotStarted::Gap {
+                        partition: id,
+                        trim_point,
+                        applied,
+                        source: err,
+                    });
                 }
                 Err(err) => {
                     warn!(partition = %id, "no snapshot restored ({err}); the log is complete, so the partition replays it from the start");
                 }
             }
         }
-        self.stores
-            .open_or_create_partition(id)
-            .map_err(|e| e.to_string())
+        Ok(self.stores.open_or_create_partition(id)?)
     }
 
     /// Restores `slot`'s store from the repository; the processor must not be running.
@@ -342,9 +375,10 @@ impl Partitions {
     ) -> Result<Restored> {
         let restorer = self.restorer.as_ref().ok_or_else(|| Error::Restore {
             partition: slot.id,
-            message:
+            failure: RestoreFailure::Unable(
                 "this node has no snapshot repository (worker.snapshots.destination = \"none\")"
                     .into(),
+            ),
         })?;
         let started = Instant::now();
         let result = restorer
@@ -383,7 +417,7 @@ impl Partitions {
 
     /// Makes this node the leader of `partition` at an epoch newer than any seen, and waits until
     /// it has replayed its log up to the announcement. `Err` says why it does not lead.
-    async fn lead(&self, partition: &Partition) -> std::result::Result<(), String> {
+    async fn lead(&self, partition: &Partition) -> std::result::Result<(), NotLeading> {
         let seen = partition
             .status()
             .await
@@ -396,14 +430,12 @@ impl Partitions {
                 self.table_version.store(version, Ordering::Relaxed);
                 epoch
             })
-            .map_err(|err| {
-                format!("cannot record this node as its leader: {err:#}; restart the node")
-            })?;
+            .map_err(NotLeading::Record)?;
         let started = Instant::now();
         let from = partition.applied_lsn();
         if let Err(err) = partition.become_leader(epoch).await {
             error!(partition = %partition.id(), "partition is not serving: {err}");
-            return Err(err.to_string());
+            return Err(NotLeading::Worker(err));
         }
         let to = partition.applied_lsn();
         if to.0 > from.0 + 1 {
@@ -426,9 +458,9 @@ impl Partitions {
         pinned: Option<SnapshotId>,
         on_progress: Option<RestoreProgressFn>,
     ) -> Result<(Restored, Lsn)> {
-        let slot = self.slot(id).ok_or(Error::Restore {
+        let slot = self.slot(id).ok_or_else(|| Error::Restore {
             partition: id,
-            message: "no such partition".into(),
+            failure: RestoreFailure::Unable("no such partition".into()),
         })?;
         let _one_at_a_time = slot.restoring.lock().await;
         let previous = slot.state();
@@ -441,7 +473,10 @@ impl Partitions {
             Err(err) => {
                 let err = Error::Restore {
                     partition: id,
-                    message: format!("read the log's state: {err}"),
+                    failure: RestoreFailure::Failed {
+                        context: "read the log's state",
+                        source: err.into(),
+                    },
                 };
                 self.resume_after_failed_restore(slot, previous, &err).await;
                 return Err(err);
@@ -462,7 +497,7 @@ impl Partitions {
             slot.set(SlotState::Down(reason.clone()));
             return Err(Error::Restore {
                 partition: id,
-                message: reason,
+                failure: RestoreFailure::Unable(reason),
             });
         };
         let partition = match self.start_processor(slot, store) {
@@ -484,10 +519,13 @@ impl Partitions {
         if let Err(err) = self.lead(&partition).await {
             let reason = format!("restored, but could not take the partition's leadership: {err}");
             partition.shutdown().await;
-            slot.set(SlotState::Down(reason.clone()));
+            slot.set(SlotState::Down(reason));
             return Err(Error::Restore {
                 partition: id,
-                message: reason,
+                failure: RestoreFailure::Failed {
+                    context: "restored, but could not take the partition's leadership",
+                    source: err.into(),
+                },
             });
         }
         slot.set(SlotState::Running(partition.clone()));

@@ -25,7 +25,8 @@ pub use cluster::ClusterIdentity;
 pub use error::{Error, FileProblem, Result};
 pub use id::SnapshotId;
 pub use metadata::{
-    Checksum, METADATA_VERSION, MetadataVersion, PublishStats, SnapshotFile, SnapshotMetadata,
+    Checksum, ChecksumParseError, METADATA_VERSION, MetadataProblem, MetadataVersion, PublishStats,
+    SnapshotFile, SnapshotMetadata,
 };
 pub use repository::{
     DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LATEST_JSON_BYTES_MAX,

@@ -141,7 +141,9 @@ impl SnapshotMetadata {
                 location: location.into(),
                 source,
             })?;
-        metadata.validate().map_err(malformed)?;
+        metadata
+            .validate()
+            .map_err(|problem| malformed(problem.to_string()))?;
         Ok(metadata)
     }
 
@@ -158,26 +160,45 @@ impl SnapshotMetadata {
 
     /// Checks what a reader relies on beyond the types: file names are plain, unique file names,
     /// so that a download cannot write outside its staging folder.
-    pub(crate) fn validate(&self) -> std::result::Result<(), String> {
+    pub(crate) fn validate(&self) -> std::result::Result<(), MetadataProblem> {
         let mut seen = HashSet::new();
         for file in &self.files {
             let name = file.file_name()?;
             if !seen.insert(name) {
-                return Err(format!("file {name} is listed twice"));
+                return Err(MetadataProblem::DuplicateFile { name: name.into() });
             }
             if let Some(key) = &file.key {
-                validate_object_key(key)
-                    .map_err(|reason| format!("file {name} has object key {key:?}: {reason}"))?;
+                validate_object_key(key).map_err(|reason| MetadataProblem::BadObjectKey {
+                    name: name.into(),
+                    key: key.clone(),
+                    reason,
+                })?;
             }
         }
         Ok(())
     }
 }
 
+/// What makes a `metadata.json` unsafe to act on, although it decodes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataProblem {
+    /// A file name with folders or `..` would make a download write outside its folder.
+    #[error("file name {name:?} is not a plain file name")]
+    NotPlainFileName { name: String },
+    #[error("file {name} is listed twice")]
+    DuplicateFile { name: String },
+    #[error("file {name} has object key {key:?}: {reason}")]
+    BadObjectKey {
+        name: String,
+        key: String,
+        reason: &'static str,
+    },
+}
+
 impl SnapshotFile {
     /// The file's name without RocksDB's leading slash (`000030.sst`), checked to be a plain file
     /// name: no folders, no `..`.
-    pub fn file_name(&self) -> std::result::Result<&str, String> {
+    pub fn file_name(&self) -> std::result::Result<&str, MetadataProblem> {
         let name = self.name.strip_prefix('/').unwrap_or(&self.name);
         let plain = !name.is_empty()
             && name != "."
@@ -187,10 +208,9 @@ impl SnapshotFile {
         if plain {
             Ok(name)
         } else {
-            Err(format!(
-                "file name {:?} is not a plain file name",
-                self.name
-            ))
+            Err(MetadataProblem::NotPlainFileName {
+                name: self.name.clone(),
+            })
         }
     }
 }
@@ -244,19 +264,27 @@ impl fmt::Debug for Checksum {
     }
 }
 
-impl FromStr for Checksum {
-    type Err = String;
+/// Why a text is not a [`Checksum`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChecksumParseError {
+    #[error("checksum {text:?} is not xxh3-128, the only algorithm this build knows")]
+    UnknownAlgorithm { text: String },
+    #[error("checksum {text:?} needs 32 hex digits after `xxh3-128:`")]
+    NotHex { text: String },
+}
 
-    fn from_str(text: &str) -> std::result::Result<Self, String> {
-        let hex = text.strip_prefix(Self::ALGORITHM_PREFIX).ok_or_else(|| {
-            format!("checksum {text:?} is not xxh3-128, the only algorithm this build knows")
-        })?;
+impl FromStr for Checksum {
+    type Err = ChecksumParseError;
+
+    fn from_str(text: &str) -> std::result::Result<Self, ChecksumParseError> {
+        let hex = text
+            .strip_prefix(Self::ALGORITHM_PREFIX)
+            .ok_or_else(|| ChecksumParseError::UnknownAlgorithm { text: text.into() })?;
+        let not_hex = || ChecksumParseError::NotHex { text: text.into() };
         if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "checksum {text:?} needs 32 hex digits after `xxh3-128:`"
-            ));
+            return Err(not_hex());
         }
-        let xxh3_128 = u128::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
+        let xxh3_128 = u128::from_str_radix(hex, 16).map_err(|_| not_hex())?;
         Ok(Checksum { xxh3_128 })
     }
 }

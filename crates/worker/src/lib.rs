@@ -18,14 +18,20 @@ pub mod testing;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus};
 pub use processor::Outcome;
-pub use restore::{RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore};
+pub use restore::{
+    RestoreFailure, RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore,
+};
 pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, Clone, thiserror::Error)]
+/// An error from one of the layers under a partition (store, log, repository, file system, a
+/// blocking task): callers that act on its kind downcast it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// This node does not lead the partition; `leader` is who does, if known.
     #[error("partition {partition}: this node is not its leader (leader: {})", leader.as_ref().map_or("unknown".to_string(), |l| l.to_string()))]
@@ -46,23 +52,32 @@ pub enum Error {
         partition: PartitionId,
         reason: String,
     },
-    #[error("partition {partition}: {context}: {message}")]
+    /// The partition store failed `context`: a [`cairn_partition_store::Error`], or the
+    /// blocking task that ran it failed.
+    #[error("partition {partition}: {context}: {source}")]
     Storage {
         partition: PartitionId,
         context: &'static str,
-        message: String,
+        #[source]
+        source: BoxError,
     },
-    #[error("partition {partition}: {context}: {message}")]
+    /// Creating a snapshot failed at `context`. The source is what failed: the repository
+    /// ([`cairn_snapshots::Error`], whose `ObjectStore` kind is worth a retry), the log
+    /// ([`cairn_log::Error`]), the file system ([`std::io::Error`]), or a sentence saying why the
+    /// request cannot be served.
+    #[error("partition {partition}: {context}: {source}")]
     Snapshot {
         partition: PartitionId,
         context: &'static str,
-        message: String,
+        #[source]
+        source: BoxError,
     },
-    /// Restoring from the snapshot repository failed; the message says what was tried.
-    #[error("partition {partition}: cannot restore from a snapshot: {message}")]
+    /// Restoring from the snapshot repository failed; the failure says what was tried.
+    #[error("partition {partition}: cannot restore from a snapshot: {failure}")]
     Restore {
         partition: PartitionId,
-        message: String,
+        #[source]
+        failure: RestoreFailure,
     },
     #[error("partition {partition}: cannot trim the log to {requested}: {reason}")]
     TrimRefused {

@@ -179,7 +179,7 @@ impl Processor {
             .map_err(|err| Error::Storage {
                 partition,
                 context: "export column family",
-                message: err.to_string(),
+                source: err.into(),
             })
             .and_then(|result| {
                 result.map_err(|err| store_error(partition, "export column family", err))
@@ -275,7 +275,7 @@ pub(crate) fn store_error(
     Error::Storage {
         partition,
         context,
-        message: err.to_string(),
+        source: err.into(),
     }
 }
 

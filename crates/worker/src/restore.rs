@@ -26,7 +26,7 @@
 //! may be partial and is dropped, and the partition is restored again.
 
 use crate::snapshot::exported_file;
-use crate::{Error, Result};
+use crate::{BoxError, Error, Result};
 use cairn_log::LogState;
 use cairn_partition_store::{ExportedFile, PartitionStoreManager};
 use cairn_snapshots::{SnapshotId, SnapshotMetadata, SnapshotRepository};
@@ -148,9 +148,9 @@ impl Restorer {
             };
             return Err(Error::Restore {
                 partition,
-                message: format!(
+                failure: RestoreFailure::Unable(format!(
                     "the snapshot repository {destination} has no snapshot of partition {partition} taken by this cluster ({cluster}){others}"
-                ),
+                )),
             });
         };
         let candidates: Vec<SnapshotId> = match pinned {
@@ -159,9 +159,9 @@ impl Restorer {
             Some(id) => {
                 return Err(Error::Restore {
                     partition,
-                    message: format!(
+                    failure: RestoreFailure::Unable(format!(
                         "snapshot {id} is not a retained snapshot of partition {partition} in {destination}; `cairnctl snapshots list -p {partition}` shows those that are"
-                    ),
+                    )),
                 });
             }
         };
@@ -176,7 +176,7 @@ impl Restorer {
                     restored.skipped = skipped;
                     return Ok(restored);
                 }
-                Ok(Attempt::Refused(reason)) => {
+                Ok(Attempt::Refused(Refusal { reason })) => {
                     warn!(%partition, %snapshot_id, "snapshot not used for restore: {reason}");
                     if let Some(progress) = &on_progress {
                         progress(RestoreStep::Skipped {
@@ -186,10 +186,13 @@ impl Restorer {
                     }
                     skipped.push((snapshot_id, reason));
                 }
-                Err(Error::Restore { message, .. }) if !skipped.is_empty() => {
+                Err(Error::Restore { failure, .. }) if !skipped.is_empty() => {
                     return Err(Error::Restore {
                         partition,
-                        message: format!("{message} (after skipping {})", tried(&skipped)),
+                        failure: RestoreFailure::AfterSkipping {
+                            failure: Box::new(failure),
+                            skipped,
+                        },
                     });
                 }
                 Err(err) => return Err(err),
@@ -197,10 +200,10 @@ impl Restorer {
         }
         Err(Error::Restore {
             partition,
-            message: format!(
+            failure: RestoreFailure::Unable(format!(
                 "no suitable snapshot in {destination}; tried {}",
                 tried(&skipped)
-            ),
+            )),
         })
     }
 
@@ -216,19 +219,19 @@ impl Restorer {
     ) -> Result<Attempt> {
         let metadata = match self.repository.metadata(partition, snapshot_id).await {
             Ok(metadata) => metadata,
-            Err(err) => return Ok(Attempt::Refused(err.to_string())),
+            Err(err) => return Ok(Attempt::Refused(Refusal::because(err))),
         };
-        if let Err(reason) = self.validate(partition, log, &metadata) {
-            return Ok(Attempt::Refused(reason));
+        if let Err(refusal) = self.validate(partition, log, &metadata) {
+            return Ok(Attempt::Refused(refusal));
         }
         let files = match metadata
             .files
             .iter()
             .map(exported_file)
-            .collect::<std::result::Result<Vec<_>, String>>()
+            .collect::<std::result::Result<Vec<_>, _>>()
         {
             Ok(files) => files,
-            Err(reason) => return Ok(Attempt::Refused(reason)),
+            Err(err) => return Ok(Attempt::Refused(Refusal::because(err))),
         };
 
         info!(
@@ -256,7 +259,7 @@ impl Restorer {
         .await;
         if let Err(err) = downloaded {
             let _ = tokio::fs::remove_dir_all(&staging).await;
-            return Ok(Attempt::Refused(err.to_string()));
+            return Ok(Attempt::Refused(Refusal::because(err)));
         }
         let download = started.elapsed();
 
@@ -280,9 +283,9 @@ impl Restorer {
             .await
             .map_err(|e| restore_error(partition, "import the snapshot", e))??
         };
-        if let Err(reason) = imported {
+        if let Err(refusal) = imported {
             let _ = tokio::fs::remove_dir_all(&staging).await;
-            return Ok(Attempt::Refused(reason));
+            return Ok(Attempt::Refused(refusal));
         }
         crate::testing::pause_point("restore-import").await;
         tokio::task::spawn_blocking(move || unmark(&marker, partition))
@@ -307,17 +310,17 @@ impl Restorer {
         partition: PartitionId,
         log: LogState,
         metadata: &SnapshotMetadata,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), Refusal> {
         let trim_point = log.trim_point;
         let cluster = self.repository.cluster();
         if metadata.cluster_name != cluster.cluster_name {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it belongs to cluster {:?}, this node to cluster {:?}",
                 metadata.cluster_name, cluster.cluster_name
-            ));
+            )));
         }
         if metadata.cluster_created_at.as_deref() != Some(cluster.cluster_created_at.as_str()) {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it was taken by another cluster named {:?}, created at {}; this one was created at {}",
                 cluster.cluster_name,
                 metadata
@@ -325,46 +328,46 @@ impl Restorer {
                     .as_deref()
                     .unwrap_or("an unrecorded time"),
                 cluster.cluster_created_at
-            ));
+            )));
         }
         if metadata.partition_id != partition {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it is a snapshot of partition {}",
                 metadata.partition_id
-            ));
+            )));
         }
         let range = KeyRange::of_partition(partition, self.num_partitions);
         if metadata.key_range != range {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "its key range {:?} is not partition {partition}'s range {range:?} in a cluster of {} partitions",
                 metadata.key_range, self.num_partitions
-            ));
+            )));
         }
         if metadata.db_comparator_name != BYTEWISE_COMPARATOR {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "its files are sorted by {:?}, not {BYTEWISE_COMPARATOR:?}",
                 metadata.db_comparator_name
-            ));
+            )));
         }
         if metadata.log_id != LogId::from(partition) {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it was taken from log {}, not from log {}",
                 metadata.log_id,
                 LogId::from(partition)
-            ));
+            )));
         }
         if metadata.min_applied_lsn > log.tail {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it covers the log up to LSN {}, but this node's log ends at LSN {}: it was taken from another log (a base dir that was reset, or a repository shared with another cluster of the same name)",
                 metadata.min_applied_lsn, log.tail
-            ));
+            )));
         }
         if trim_point > metadata.min_applied_lsn {
-            return Err(format!(
+            return Err(Refusal::because(format_args!(
                 "it covers the log up to LSN {}, but the log is trimmed up to LSN {trim_point}, so records {}..={trim_point} could not be replayed",
                 metadata.min_applied_lsn,
                 metadata.min_applied_lsn.0 + 1
-            ));
+            )));
         }
         Ok(())
     }
@@ -380,7 +383,7 @@ fn import(
     staging: &Path,
     metadata: &SnapshotMetadata,
     files: Vec<ExportedFile>,
-) -> Result<std::result::Result<(), String>> {
+) -> Result<std::result::Result<(), Refusal>> {
     // Drop first, then mark: the mark must only ever stand for a column family that may be
     // partial, never for the old, complete store.
     if stores.partition(partition).is_some() {
@@ -390,14 +393,14 @@ fn import(
     }
     write_synced(marker, metadata.snapshot_id.to_string().as_bytes())
         .map_err(|e| restore_error(partition, "mark the import", e))?;
-    let refused = |reason: String| -> Result<std::result::Result<(), String>> {
+    let refused = |reason: String| -> Result<std::result::Result<(), Refusal>> {
         if stores.partition(partition).is_some() {
             stores
                 .drop_partition(partition)
                 .map_err(|e| restore_error(partition, "drop a refused import", e))?;
         }
         unmark(marker, partition)?;
-        Ok(Err(reason))
+        Ok(Err(Refusal { reason }))
     };
     let store =
         match stores.import_partition(partition, staging, &metadata.db_comparator_name, &files) {
@@ -426,7 +429,46 @@ fn unmark(marker: &Path, partition: PartitionId) -> Result<()> {
 
 enum Attempt {
     Restored(Restored),
-    Refused(String),
+    Refused(Refusal),
+}
+
+/// Why a snapshot is not used for a restore, a sentence about the snapshot ("it belongs to
+/// cluster …") that the operator sees; the restore goes on with an older one.
+struct Refusal {
+    reason: String,
+}
+
+impl Refusal {
+    fn because(err: impl std::fmt::Display) -> Refusal {
+        Refusal {
+            reason: err.to_string(),
+        }
+    }
+}
+
+/// Why a restore failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreFailure {
+    /// Nothing can be restored (no suitable snapshot, no repository, no such partition); the
+    /// sentence says why and what to do.
+    #[error("{0}")]
+    Unable(String),
+    /// A step failed: its source is the repository's [`cairn_snapshots::Error`], the store's
+    /// [`cairn_partition_store::Error`], the log's [`cairn_log::Error`], the file system's
+    /// [`std::io::Error`] or a blocking task's failure.
+    #[error("{context}: {source}")]
+    Failed {
+        context: &'static str,
+        #[source]
+        source: BoxError,
+    },
+    /// `failure`, after newer snapshots were refused for the reasons in `skipped`.
+    #[error("{failure} (after skipping {})", tried(skipped))]
+    AfterSkipping {
+        #[source]
+        failure: Box<RestoreFailure>,
+        skipped: Vec<(SnapshotId, String)>,
+    },
 }
 
 /// Undoes what a crash in the middle of a restore of `partition` left in `staging_root` (the
@@ -534,9 +576,12 @@ fn tried(skipped: &[(SnapshotId, String)]) -> String {
         .join("; ")
 }
 
-fn restore_error(partition: PartitionId, context: &str, err: impl std::fmt::Display) -> Error {
+fn restore_error(partition: PartitionId, context: &'static str, err: impl Into<BoxError>) -> Error {
     Error::Restore {
         partition,
-        message: format!("{context}: {err}"),
+        failure: RestoreFailure::Failed {
+            context,
+            source: err.into(),
+        },
     }
 }

@@ -17,11 +17,11 @@
 //! and objects that no `latest.json` references (orphans, never visible, swept by the garbage
 //! collection after the grace period).
 
-use crate::{Error, Partition, Result};
+use crate::{BoxError, Error, Partition, Result};
 use cairn_partition_store::{ColumnFamilyExport, ExportedFile};
 use cairn_snapshots::{
-    ClusterIdentity, DEFAULT_ORPHAN_GRACE, GcReport, MetadataVersion, ProgressFn, PublishOptions,
-    SnapshotFile, SnapshotId, SnapshotMetadata, SnapshotRepository,
+    ClusterIdentity, DEFAULT_ORPHAN_GRACE, GcReport, MetadataProblem, MetadataVersion, ProgressFn,
+    PublishOptions, SnapshotFile, SnapshotId, SnapshotMetadata, SnapshotRepository,
 };
 use cairn_types::{KeyRange, LogId, Lsn, PartitionId};
 use std::collections::HashMap;
@@ -120,7 +120,7 @@ impl SnapshotProducer {
             return Err(Error::Snapshot {
                 partition: id,
                 context: "create snapshot",
-                message: format!("minimum LSN {wanted} is past the log's tail {tail}"),
+                source: format!("minimum LSN {wanted} is past the log's tail {tail}").into(),
             });
         }
         partition.wait_applied(wanted).await?;
@@ -314,7 +314,9 @@ pub(crate) fn snapshot_file(file: &ExportedFile) -> SnapshotFile {
 /// The import description of a snapshot file, found in a staging folder under its name: the
 /// way back from [`snapshot_file`]. Fails on a name that is not a plain file name or keys that
 /// are not hex.
-pub(crate) fn exported_file(file: &SnapshotFile) -> std::result::Result<ExportedFile, String> {
+pub(crate) fn exported_file(
+    file: &SnapshotFile,
+) -> std::result::Result<ExportedFile, UnimportableFile> {
     let name = file.file_name()?;
     Ok(ExportedFile {
         column_family_name: file.column_family_name.clone(),
@@ -322,10 +324,12 @@ pub(crate) fn exported_file(file: &SnapshotFile) -> std::result::Result<Exported
         directory: String::new(),
         size: file.size,
         level: file.level,
-        start_key: unhex(&file.start_key)
-            .ok_or_else(|| format!("file {name} has a start key that is not hex"))?,
-        end_key: unhex(&file.end_key)
-            .ok_or_else(|| format!("file {name} has an end key that is not hex"))?,
+        start_key: unhex(&file.start_key).ok_or_else(|| UnimportableFile::StartKeyNotHex {
+            name: name.to_owned(),
+        })?,
+        end_key: unhex(&file.end_key).ok_or_else(|| UnimportableFile::EndKeyNotHex {
+            name: name.to_owned(),
+        })?,
         smallest_seqno: file.smallest_seqno,
         largest_seqno: file.largest_seqno,
         num_entries: file.num_entries,
@@ -333,11 +337,26 @@ pub(crate) fn exported_file(file: &SnapshotFile) -> std::result::Result<Exported
     })
 }
 
-fn snapshot_error(partition: PartitionId, context: &'static str, err: impl ToString) -> Error {
+/// Why a file that a snapshot's metadata lists cannot be imported.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UnimportableFile {
+    #[error(transparent)]
+    Metadata(#[from] MetadataProblem),
+    #[error("file {name} has a start key that is not hex")]
+    StartKeyNotHex { name: String },
+    #[error("file {name} has an end key that is not hex")]
+    EndKeyNotHex { name: String },
+}
+
+fn snapshot_error(
+    partition: PartitionId,
+    context: &'static str,
+    err: impl Into<BoxError>,
+) -> Error {
     Error::Snapshot {
         partition,
         context,
-        message: err.to_string(),
+        source: err.into(),
     }
 }
 
@@ -382,6 +401,9 @@ mod tests {
             num_entries: 40,
             num_deletions: 2,
         };
-        assert_eq!(exported_file(&snapshot_file(&file)), Ok(file));
+        assert_eq!(
+            exported_file(&snapshot_file(&file)).expect("a file Cairn exported imports"),
+            file
+        );
     }
 }

@@ -305,7 +305,7 @@ impl SnapshotRepository {
             destination: redact_destination(destination),
             source,
         };
-        match parse_destination(destination).map_err(invalid)? {
+        match parse_destination(destination)? {
             Destination::Local(path) => {
                 std::fs::create_dir_all(&path).map_err(|source| Error::Io {
                     context: "create the snapshot folder",
@@ -753,37 +753,47 @@ fn validate_snapshot_path(path: &str) -> std::result::Result<(), &'static str> {
     Ok(())
 }
 
-fn parse_destination(destination: &str) -> std::result::Result<Destination, String> {
+/// Where `destination` points; [`Error::InvalidDestination`] (the destination redacted) says why
+/// it points nowhere Cairn can use.
+fn parse_destination(destination: &str) -> Result<Destination> {
     const EXPECTED: &str = "use file:///absolute/path, an absolute path, or s3://bucket/prefix";
+    let invalid = |reason: String| Error::InvalidDestination {
+        destination: redact_destination(destination),
+        reason,
+    };
     if destination.starts_with('/') {
         return Ok(Destination::Local(PathBuf::from(destination)));
     }
-    let url = url::Url::parse(destination).map_err(|e| format!("{e}; {EXPECTED}"))?;
+    let url = url::Url::parse(destination).map_err(|e| invalid(format!("{e}; {EXPECTED}")))?;
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(
+        return Err(invalid(
             "credentials do not belong in the URL; use the AWS environment \
                     (AWS_ACCESS_KEY_ID, AWS_PROFILE, …) or the repository options"
                 .into(),
-        );
+        ));
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(format!("a query or fragment is not supported; {EXPECTED}"));
+        return Err(invalid(format!(
+            "a query or fragment is not supported; {EXPECTED}"
+        )));
     }
     match url.scheme() {
         "file" => url
             .to_file_path()
             .map(Destination::Local)
-            .map_err(|()| format!("not an absolute local path; {EXPECTED}")),
+            .map_err(|()| invalid(format!("not an absolute local path; {EXPECTED}"))),
         "s3" => {
             let bucket = url
                 .host_str()
                 .filter(|b| !b.is_empty())
-                .ok_or_else(|| format!("no bucket; {EXPECTED}"))?
+                .ok_or_else(|| invalid(format!("no bucket; {EXPECTED}")))?
                 .to_owned();
             let prefix = url.path().trim_matches('/').to_owned();
             Ok(Destination::S3 { bucket, prefix })
         }
-        other => Err(format!("scheme {other}:// is not supported; {EXPECTED}")),
+        other => Err(invalid(format!(
+            "scheme {other}:// is not supported; {EXPECTED}"
+        ))),
     }
 }
 

@@ -183,9 +183,9 @@ impl SnapshotRepository {
     fn check_publishable(&self, export_dir: &Path, metadata: &SnapshotMetadata) -> Result<()> {
         metadata
             .validate()
-            .map_err(|reason| Error::MalformedMetadata {
+            .map_err(|problem| Error::MalformedMetadata {
                 location: format!("the metadata of the export in {}", export_dir.display()),
-                reason,
+                reason: problem.to_string(),
             })?;
         let ours = metadata.cluster_name == self.cluster.cluster_name
             && metadata.cluster_created_at.as_deref()
@@ -405,9 +405,9 @@ impl SnapshotRepository {
     ) -> Result<PublishedFile> {
         let name = file
             .file_name()
-            .map_err(|reason| Error::MalformedMetadata {
+            .map_err(|problem| Error::MalformedMetadata {
                 location: format!("the metadata of the export in {}", export_dir.display()),
-                reason,
+                reason: problem.to_string(),
             })?;
         let path = export_dir.join(name);
         let (size, checksum) = super::hashing::hash_file(&path).await?;

@@ -183,9 +183,9 @@ impl SnapshotRepository {
         let started = Instant::now();
         metadata
             .validate()
-            .map_err(|reason| Error::MalformedMetadata {
+            .map_err(|problem| Error::MalformedMetadata {
                 location: format!("metadata of snapshot {}", metadata.snapshot_id),
-                reason,
+                reason: problem.to_string(),
             })?;
         tokio::fs::create_dir_all(staging_dir)
             .await
@@ -225,9 +225,9 @@ impl SnapshotRepository {
         // Validated with the metadata.
         let name = file
             .file_name()
-            .map_err(|reason| Error::MalformedMetadata {
+            .map_err(|problem| Error::MalformedMetadata {
                 location: format!("metadata of snapshot {snapshot_id}"),
-                reason,
+                reason: problem.to_string(),
             })?;
         let target = staging_dir.join(name);
         let partial = staging_dir.join(format!("{name}.partial"));

@@ -70,9 +70,9 @@ impl SnapshotRepository {
             for file in &metadata.files {
                 let name = file
                     .file_name()
-                    .map_err(|reason| Error::MalformedMetadata {
+                    .map_err(|problem| Error::MalformedMetadata {
                         location: format!("metadata of snapshot {snapshot_id}"),
-                        reason,
+                        reason: problem.to_string(),
                     })?;
                 write(tar_header(name, file.size, mtime).map_err(io("write", &partial))?).await?;
                 let size = self
