@@ -23,9 +23,13 @@ fn status_of(err: cairn_worker::Error) -> Status {
         E::Fenced { .. } => Status::aborted(err.to_string()),
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
         // An unreachable repository is worth a retry; anything else needs an operator.
-        E::Restore { .. } if repository_unreachable(&err) => Status::unavailable(err.to_string()),
+        E::Restore { .. } if err.is_repository_unavailable() => {
+            Status::unavailable(err.to_string())
+        }
         E::Restore { .. } => Status::failed_precondition(err.to_string()),
-        E::Snapshot { .. } if repository_unreachable(&err) => Status::unavailable(err.to_string()),
+        E::Snapshot { .. } if err.is_repository_unavailable() => {
+            Status::unavailable(err.to_string())
+        }
         E::Snapshot { source, .. } => match source.downcast_ref::<cairn_log::Error>() {
             Some(log) => log_status(log, err.to_string()),
             None => Status::internal(err.to_string()),
@@ -36,17 +40,6 @@ fn status_of(err: cairn_worker::Error) -> Status {
         E::StoreAheadOfLog { .. } => Status::failed_precondition(err.to_string()),
         E::TimedOut { .. } => Status::unavailable(err.to_string()),
     }
-}
-
-/// Whether `err` was caused by the snapshot repository's object store failing (unreachable,
-/// throttling, refusing credentials): anywhere in its chain of sources.
-fn repository_unreachable(err: &cairn_worker::Error) -> bool {
-    std::iter::successors(Some(err as &dyn std::error::Error), |e| e.source()).any(|e| {
-        matches!(
-            e.downcast_ref::<cairn_snapshots::Error>(),
-            Some(cairn_snapshots::Error::ObjectStore { .. })
-        )
-    })
 }
 
 /// A log error's status by what the caller can do about it: a full disk is worth a retry once

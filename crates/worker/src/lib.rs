@@ -130,4 +130,18 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether the snapshot repository's object store failed (unreachable, throttling, refusing
+    /// credentials) anywhere in this error's chain of sources: worth a retry, unlike a snapshot
+    /// the repository holds but that cannot be used.
+    pub fn is_repository_unavailable(&self) -> bool {
+        std::iter::successors(Some(self as &dyn std::error::Error), |e| e.source()).any(|e| {
+            matches!(
+                e.downcast_ref::<cairn_snapshots::Error>(),
+                Some(cairn_snapshots::Error::ObjectStore { .. })
+            )
+        })
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
