@@ -24,7 +24,6 @@ pub use restore::{
 pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// An error from one of the layers under a partition (store, log, repository, file system, a
@@ -93,7 +92,7 @@ pub enum Error {
         partition: PartitionId,
         context: &'static str,
         #[source]
-        source: Arc<cairn_log::Error>,
+        source: cairn_log::Error,
     },
     /// The store has applied records that its log no longer holds (the log lost its end to a
     /// disk or file-system fault). Continuing would apply different records at those LSNs.

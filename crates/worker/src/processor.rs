@@ -287,7 +287,7 @@ pub(crate) fn log_error(
     Error::Log {
         partition,
         context,
-        source: Arc::new(err),
+        source: err,
     }
 }
 

@@ -453,9 +453,10 @@ pub enum RestoreFailure {
     /// sentence says why and what to do.
     #[error("{0}")]
     Unable(String),
-    /// A step failed: its source is the repository's [`cairn_snapshots::Error`], the store's
-    /// [`cairn_partition_store::Error`], the log's [`cairn_log::Error`], the file system's
-    /// [`std::io::Error`] or a blocking task's failure.
+    /// A step failed; its source is what failed: the repository's [`cairn_snapshots::Error`]
+    /// (see [`Error::is_repository_unavailable`]), the store's [`cairn_partition_store::Error`],
+    /// the log's [`cairn_log::Error`], the file system's [`std::io::Error`], a blocking task, or
+    /// the node's attempt to lead the restored partition.
     #[error("{context}: {source}")]
     Failed {
         context: &'static str,
