@@ -244,7 +244,7 @@ async fn requests_out_of_range_are_refused_as_the_callers_mistake() {
     assert_eq!(err.code(), Some(Code::OutOfRange), "{err}");
     assert!(
         err.to_string()
-            .contains(&format!("past the tail of log 0 (LSN {tail})")),
+            .contains(&format!("log 0 ends at LSN {tail}")),
         "{err}"
     );
 

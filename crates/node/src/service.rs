@@ -294,7 +294,7 @@ impl AdminService {
                 .tail;
             if Lsn(min_lsn) > tail {
                 return Err(Status::out_of_range(format!(
-                    "--min-lsn {min_lsn} is past the tail of log {} (LSN {tail}): there is nothing there to snapshot yet; give an LSN up to {tail}, or leave --min-lsn out to snapshot what the partition has applied",
+                    "--min-lsn {min_lsn} is past the log's tail: log {} ends at LSN {tail}, so there is nothing there to snapshot yet; give an LSN up to {tail}, or leave --min-lsn out to snapshot what the partition has applied",
                     partition.id()
                 )));
             }
