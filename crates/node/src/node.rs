@@ -253,7 +253,6 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         Some(address) => Some(metrics::bind(address).await?),
         None => None,
     };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let metrics = Arc::new(Metrics::new());
 
     let (snapshots, restorer) = snapshot_parts(&config, &base_dir, &cluster, &node)?;
@@ -297,6 +296,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         "Cairn node {node} listening on {local_addr}; data in {}",
         base_dir.display()
     );
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let background = spawn_background(&state, metrics_listener, &cancel);
     Ok(RunningNode {
         local_addr,

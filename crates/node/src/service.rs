@@ -1,4 +1,8 @@
 //! The gRPC services: translate requests into partition calls and worker errors into statuses.
+//!
+//! Work that takes longer than a request timeout runs in tasks of the node's own and streams its
+//! progress: a restore and a snapshot publish go on if their caller goes away (stopping halfway
+//! would only waste what was done), an export stops (its tar is for that caller alone).
 
 use crate::node::NodeState;
 use crate::partitions::Slot;
