@@ -49,7 +49,8 @@ pub struct GlobalOptions {
     /// Connection timeout for network calls, in milliseconds
     #[arg(long, default_value_t = 5000, global = true)]
     pub connect_timeout: u64,
-    /// Overall request timeout for network calls, in milliseconds
+    /// Timeout for a call's answer to start, in milliseconds. Snapshot create and export and
+    /// partition restore answer at once and then stream progress for as long as they take
     #[arg(long, default_value_t = 13000, global = true)]
     pub request_timeout: u64,
     /// Node address host:port (e.g. http://localhost:5122/)
