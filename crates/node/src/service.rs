@@ -624,13 +624,11 @@ impl v1::admin_server::Admin for AdminService {
         let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
         let repository = self.snapshots()?.repository().clone();
         let tar = ScratchFile::new(&self.state.tmp_dir, &format!("{id}.tar"));
-        let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
+        let (tx, rx) = tokio::sync::mpsc::channel(EXPORT_CHUNKS_BUFFERED);
         tokio::spawn(async move {
             tokio::select! {
                 () = export_and_send(&repository, id, &tar, &tx) => {}
-                () = tx.closed() => {
-                    tracing::info!(snapshot_id = %id, "export abandoned by its caller");
-                }
+                () = tx.closed() => abandoned(id),
             }
             drop(tar);
         });
@@ -640,8 +638,11 @@ impl v1::admin_server::Admin for AdminService {
     }
 }
 
-/// Progress messages a publish or an export buffers for a slow reader.
+/// Progress messages a publish buffers for a slow reader.
 const PROGRESS_BUFFER: usize = 16;
+
+/// Chunks of 1 MiB an export reads ahead of its reader.
+const EXPORT_CHUNKS_BUFFERED: usize = 4;
 
 /// Publishes a snapshot of `partition` and, if asked, trims its log to it; the summary that
 /// `cairnctl snapshots create` prints.
@@ -772,18 +773,27 @@ async fn export_and_send(
         let _ = tx.send(Err(snapshot_status(err))).await;
         return;
     }
-    if let Err(err) = send_file(&tar.path, tx).await {
-        let _ = tx
-            .send(Err(Status::internal(format!("read snapshot tar: {err}"))))
-            .await;
+    match send_file(&tar.path, tx).await {
+        Ok(true) => {}
+        Ok(false) => abandoned(id),
+        Err(err) => {
+            let _ = tx
+                .send(Err(Status::internal(format!("read snapshot tar: {err}"))))
+                .await;
+        }
     }
 }
 
-/// Sends the file at `path` in chunks; the first carries its size.
+fn abandoned(id: SnapshotId) {
+    tracing::info!(snapshot_id = %id, "export abandoned by its caller");
+}
+
+/// Sends the file at `path` in chunks, the first with its size; false if the receiver went away
+/// before the end.
 async fn send_file(
     path: &std::path::Path,
     tx: &tokio::sync::mpsc::Sender<Result<v1::ExportSnapshotChunk, Status>>,
-) -> std::io::Result<()> {
+) -> std::io::Result<bool> {
     use tokio::io::AsyncReadExt;
     const CHUNK_BYTES: usize = 1024 * 1024;
     let mut file = tokio::fs::File::open(path).await?;
@@ -792,7 +802,7 @@ async fn send_file(
         let mut buf = vec![0u8; CHUNK_BYTES];
         let n = file.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(true);
         }
         buf.truncate(n);
         let chunk = v1::ExportSnapshotChunk {
@@ -800,7 +810,7 @@ async fn send_file(
             total_bytes: std::mem::take(&mut total_bytes),
         };
         if tx.send(Ok(chunk)).await.is_err() {
-            return Ok(()); // the client went away
+            return Ok(false);
         }
     }
 }
