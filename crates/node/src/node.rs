@@ -243,9 +243,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let (base_dir, lock) = claim_base_dir(config.base_dir.clone()).await?;
     cairn_worker::testing::announce();
 
-    let metadata: Arc<dyn MetadataStore> =
-        Arc::new(LocalMetadataStore::open(&base_dir.join("metadata.json"))?);
-    let cluster = ensure_cluster(metadata.as_ref(), &config).await?;
+    let (metadata, cluster) = open_cluster(&config, &base_dir).await?;
     let node = NodeId(config.node_name.clone());
     let (logs, stores) = open_storage(&config, &base_dir).await?;
 
@@ -319,6 +317,21 @@ async fn listen(address: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> 
                 "cannot listen on {address}: another process may use it; set bind-address (or CAIRN_BIND_ADDRESS) to a free address"
             )
         })
+}
+
+/// Opens the metadata store and the cluster record in it (created on the first start).
+async fn open_cluster(
+    config: &Config,
+    base_dir: &std::path::Path,
+) -> anyhow::Result<(Arc<dyn MetadataStore>, ClusterRecord)> {
+    let path = base_dir.join("metadata.json");
+    let metadata: Arc<dyn MetadataStore> = Arc::new(
+        tokio::task::spawn_blocking(move || LocalMetadataStore::open(&path))
+            .await
+            .context("open the metadata store")??,
+    );
+    let cluster = ensure_cluster(metadata.as_ref(), config).await?;
+    Ok((metadata, cluster))
 }
 
 /// Creates the base dir if needed and locks it; returns its canonical path and the lock.
