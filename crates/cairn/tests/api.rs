@@ -189,3 +189,84 @@ async fn every_call_works_and_refuses_bad_input() {
     let err = client.trim_log(0, log.tail + 1, true).await.unwrap_err();
     assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_out_of_range_are_refused_as_the_callers_mistake() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &[], &[("CAIRN_NUM_PARTITIONS", "2")]);
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+
+    // Insert-if-absent stores its value under every key: 17 keys of a 1 MiB value is 17 MiB.
+    let keys: Vec<Bytes> = (0..17).map(|i| b(&format!("amp{i}"))).collect();
+    let value = Bytes::from(vec![1u8; 1024 * 1024]);
+    refused(
+        client
+            .insert_if_absent(keys.clone(), value.clone(), None)
+            .await,
+        "the limit is 16777216 bytes",
+    );
+    let err = client
+        .insert_if_absent(keys.clone(), value.clone(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("under each of its 17 keys"), "{err}");
+    assert_eq!(client.exists(keys.clone()).await.unwrap(), vec![false; 17]);
+    // 15 of them (15 MiB and their keys) are within the bound.
+    let inserted = client
+        .insert_if_absent(keys[..15].to_vec(), value, None)
+        .await
+        .unwrap();
+    assert_eq!(inserted, vec![true; 15]);
+
+    // 2^64 ms + 384 ms used to wrap to a TTL of 384 ms; the client refuses it before sending.
+    let err = client
+        .put(vec![PutEntry {
+            key: b("wrapped"),
+            value: b("v"),
+            ttl: Some(Duration::from_secs(18_446_744_073_709_552)),
+        }])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, cairn_client::Error::TtlOutOfRange { .. }),
+        "{err}"
+    );
+    assert_eq!(client.get(vec![b("wrapped")]).await.unwrap(), vec![None]);
+
+    // A minimum LSN past the log's tail names the tail.
+    let tail = client.describe_logs(Some(0)).await.unwrap()[0].tail;
+    let Err(err) = client.create_snapshot(0, Some(tail + 1000), false).await else {
+        panic!("a minimum LSN past the tail was accepted");
+    };
+    assert_eq!(err.code(), Some(Code::OutOfRange), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("log 0 ends at LSN {tail}")),
+        "{err}"
+    );
+
+    // A snapshot id that is not UTF-8 is a bad argument, not a server fault.
+    let mut admin = cairn_client::v1::admin_client::AdminClient::connect(server.address.clone())
+        .await
+        .unwrap();
+    let not_utf8 = Bytes::from_static(&[0xff, 0xfe, b'x']);
+    let status = admin
+        .describe_snapshot(cairn_client::v1::DescribeSnapshotRequest {
+            snapshot_id: not_utf8.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("not UTF-8"), "{status:?}");
+    let status = admin
+        .restore_partition(cairn_client::v1::RestorePartitionRequest {
+            partition_id: 0,
+            snapshot_id: Some(not_utf8),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}

@@ -44,6 +44,14 @@ fn key_value_commands_round_trip() {
     assert!(row(&table, "fresh").contains('x'), "{table}");
     assert!(row(&table, "greeting").contains("(absent)"), "{table}");
 
+    // A TTL the protocol cannot carry is refused, not wrapped (to 384 ms here).
+    let err = fails(cairnctl(
+        a,
+        &["kv", "put", "wrapped", "v", "--ttl", "18446744073709552s"],
+    ));
+    assert!(err.contains("out of range"), "{err}");
+    fails(cairnctl(a, &["kv", "get", "wrapped"]));
+
     // A TTL given in human units expires.
     ok(cairnctl(
         a,
@@ -178,6 +186,22 @@ fn bad_configuration_is_refused_naming_the_key() {
     std::fs::write(&config, "[worker]\nbogus = 1\n").unwrap();
     let err = fails(run_cairn(&["--config", config.to_str().unwrap()], &[]));
     assert!(err.contains("bogus"), "{err}");
+
+    // A destination's credentials never reach the terminal or the log.
+    let out = run_cairn(
+        &["--base-dir", base],
+        &[(
+            "CAIRN_WORKER__SNAPSHOTS__DESTINATION",
+            "S3://AKIDEXAMPLE:wJalrXUtnFEMI@bucket/prefix",
+        )],
+    );
+    assert!(!out.status.success());
+    let said = format!("{}{}", support::stdout(&out), stderr(&out));
+    assert!(said.contains("destination"), "{said}");
+    assert!(
+        !said.contains("wJalrXUtnFEMI") && !said.contains("AKIDEXAMPLE"),
+        "{said}"
+    );
 
     let err = fails(run_cairn(&["--config", "/nonexistent/cairn.toml"], &[]));
     assert!(err.contains("does not exist"), "{err}");

@@ -49,7 +49,8 @@ pub struct GlobalOptions {
     /// Connection timeout for network calls, in milliseconds
     #[arg(long, default_value_t = 5000, global = true)]
     pub connect_timeout: u64,
-    /// Overall request timeout for network calls, in milliseconds
+    /// Timeout for a call's answer to start, in milliseconds. Snapshot create and export and
+    /// partition restore answer at once and then stream progress for as long as they take
     #[arg(long, default_value_t = 13000, global = true)]
     pub request_timeout: u64,
     /// Node address host:port (e.g. http://localhost:5122/)
@@ -121,7 +122,7 @@ pub enum KvCommand {
         key: String,
         value: String,
         /// Time to live, e.g. `30s`, `10m`, `1h`
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = parse_ttl)]
         ttl: Option<Duration>,
     },
     /// Print the values of keys
@@ -147,9 +148,22 @@ pub enum KvCommand {
         #[arg(long, default_value = "")]
         value: String,
         /// Time to live, e.g. `30s`, `10m`, `1h`
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = parse_ttl)]
         ttl: Option<Duration>,
     },
+}
+
+/// A TTL in human units that the protocol can carry (64-bit milliseconds).
+fn parse_ttl(text: &str) -> anyhow::Result<Duration> {
+    let ttl = humantime::parse_duration(text).map_err(|e| {
+        anyhow::anyhow!("{text:?} is not a duration ({e}); write it like 30s, 10m or 1h")
+    })?;
+    if u64::try_from(ttl.as_millis()).is_err() {
+        anyhow::bail!(
+            "{text} is out of range: a TTL must fit in 64-bit milliseconds; give a shorter one (nodes accept up to 10 years)"
+        );
+    }
+    Ok(ttl)
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +232,28 @@ mod tests {
                 min_lsn: Some(7),
                 trim_log: false
             })
+        ));
+    }
+
+    #[test]
+    fn ttls_the_protocol_cannot_carry_are_refused() {
+        // 2^64 ms + 384 ms: it used to wrap to a TTL of 384 ms.
+        let err = Cli::try_parse_from([
+            "cairnctl",
+            "kv",
+            "put",
+            "k",
+            "v",
+            "--ttl",
+            "18446744073709552s",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("out of range"), "{err}");
+        let cli = Cli::try_parse_from(["cairnctl", "kv", "put", "k", "v", "--ttl", "10m"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Kv(KvCommand::Put { ttl: Some(ttl), .. }) if ttl == Duration::from_secs(600)
         ));
     }
 

@@ -44,10 +44,11 @@ async fn snapshots(
             min_lsn,
             trim_log,
         } => {
-            let created = client
-                .create_snapshot(partition_id, min_lsn, trim_log)
-                .await?;
-            print_created(&created);
+            let bar = progress_bar(global, 0, "bytes");
+            bar.set_message(format!("partition {partition_id}"));
+            let created = create_snapshot(client, &bar, partition_id, min_lsn, trim_log).await;
+            bar.finish_and_clear();
+            print_created(&created?);
         }
         SnapshotsCommand::Create {
             partition_id: None,
@@ -59,13 +60,12 @@ async fn snapshots(
             let mut failed = Vec::new();
             for p in partitions {
                 bar.set_message(format!("partition {}", p.partition_id));
-                match client
-                    .create_snapshot(p.partition_id, min_lsn, trim_log)
-                    .await
-                {
+                // The partitions' bar stays; a publish's bytes would make it jump back and forth.
+                let quiet = indicatif::ProgressBar::hidden();
+                match create_snapshot(client, &quiet, p.partition_id, min_lsn, trim_log).await {
                     Ok(created) => bar.suspend(|| print_created(&created)),
                     Err(err) => {
-                        bar.suspend(|| eprintln!("partition {}: {err}", p.partition_id));
+                        bar.suspend(|| eprintln!("partition {}: {err:#}", p.partition_id));
                         failed.push(p.partition_id);
                     }
                 }
@@ -139,9 +139,53 @@ async fn snapshots(
         SnapshotsCommand::Export {
             snapshot_id,
             output,
-        } => export_snapshot(client, global, &snapshot_id, &output).await?,
+        } => {
+            let bar = progress_bar(global, 0, "bytes");
+            bar.set_message(snapshot_id.clone());
+            let exported =
+                crate::export::export_snapshot(client, &bar, &snapshot_id, &output).await;
+            if exported.is_err() {
+                bar.abandon();
+            }
+            exported?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts a snapshot of `partition_id` and follows its publish on `bar` until the node says it
+/// is done. The publish is the node's task: if this process stops, it still completes.
+async fn create_snapshot(
+    client: &Client,
+    bar: &indicatif::ProgressBar,
+    partition_id: u32,
+    min_lsn: Option<u64>,
+    trim_log: bool,
+) -> anyhow::Result<cairn_client::v1::CreateSnapshotResponse> {
+    let mut stream = client
+        .create_snapshot(partition_id, min_lsn, trim_log)
+        .await?;
+    loop {
+        let progress = match stream.message().await {
+            Ok(Some(progress)) => progress,
+            Ok(None) => bail!(
+                "the node ended the snapshot of partition {partition_id} without saying whether it was published; `cairnctl snapshots list -p {partition_id}` shows whether it was"
+            ),
+            Err(status) => return Err(client.stream_error(status).into()),
+        };
+        if let Some(done) = progress.done {
+            return Ok(done);
+        }
+        match progress.phase.as_str() {
+            "waiting" => bar.set_message(progress.message),
+            "upload" => {
+                bar.set_message(format!("partition {partition_id}: uploading"));
+                bar.set_length(progress.bytes_total);
+                bar.set_position(progress.bytes_done);
+            }
+            _ => {}
+        }
+    }
 }
 
 fn print_created(created: &cairn_client::v1::CreateSnapshotResponse) {
@@ -175,53 +219,6 @@ fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::Prog
         bar.set_style(style.progress_chars("=> "));
     }
     bar
-}
-
-/// Streams the tar into `output.partial` and renames it once complete, so an interrupted export
-/// never leaves a file that looks whole.
-async fn export_snapshot(
-    client: &Client,
-    global: &GlobalOptions,
-    snapshot_id: &str,
-    output: &std::path::Path,
-) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    let partial = output.with_extension("partial");
-    let mut stream = client.export_snapshot(snapshot_id).await?;
-    let mut file =
-        std::fs::File::create(&partial).with_context(|| format!("create {}", partial.display()))?;
-    let bar = progress_bar(global, 0, "bytes");
-    bar.set_message(snapshot_id.to_string());
-    let mut written = 0u64;
-    loop {
-        let chunk = match stream.message().await {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => break,
-            Err(status) => {
-                drop(file);
-                let _ = std::fs::remove_file(&partial);
-                return Err(client.stream_error(status).into());
-            }
-        };
-        if chunk.total_bytes > 0 {
-            bar.set_length(chunk.total_bytes);
-        }
-        file.write_all(&chunk.data)
-            .with_context(|| format!("write {}", partial.display()))?;
-        written += chunk.data.len() as u64;
-        bar.set_position(written);
-    }
-    file.sync_all()
-        .with_context(|| format!("sync {}", partial.display()))?;
-    std::fs::rename(&partial, output)
-        .with_context(|| format!("rename {} to {}", partial.display(), output.display()))?;
-    bar.finish_and_clear();
-    println!(
-        "Snapshot {snapshot_id} exported to {} ({})",
-        output.display(),
-        show_bytes_count(written)
-    );
-    Ok(())
 }
 
 async fn connect(global: &GlobalOptions) -> anyhow::Result<Client> {

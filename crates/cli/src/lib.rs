@@ -6,6 +6,7 @@
 
 mod args;
 mod commands;
+mod export;
 mod output;
 
 pub use args::Cli;

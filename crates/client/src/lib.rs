@@ -26,6 +26,13 @@ pub enum Error {
         address: String,
         status: tonic::Status,
     },
+    /// The protocol carries TTLs as 64-bit milliseconds; the request was not sent.
+    #[error(
+        "a TTL of {} s is out of range: the protocol carries at most {} ms; give a shorter TTL (nodes accept up to 10 years)",
+        ttl.as_secs(),
+        u64::MAX
+    )]
+    TtlOutOfRange { ttl: Duration },
 }
 
 impl Error {
@@ -113,12 +120,14 @@ impl Client {
         let request = v1::PutRequest {
             entries: entries
                 .into_iter()
-                .map(|e| v1::Entry {
-                    key: e.key,
-                    value: e.value,
-                    ttl_ms: e.ttl.map(|t| t.as_millis() as u64),
+                .map(|e| {
+                    Ok(v1::Entry {
+                        key: e.key,
+                        value: e.value,
+                        ttl_ms: ttl_ms(e.ttl)?,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_>>()?,
         };
         self.kv
             .clone()
@@ -176,7 +185,7 @@ impl Client {
             .insert_if_absent(v1::InsertIfAbsentRequest {
                 keys,
                 value,
-                ttl_ms: ttl.map(|t| t.as_millis() as u64),
+                ttl_ms: ttl_ms(ttl)?,
             })
             .await
             .map_err(|s| self.rpc(s))?;
@@ -231,14 +240,16 @@ impl Client {
 }
 
 impl Client {
-    /// Snapshots partition `partition_id` on its leader. If a snapshot already covers `min_lsn`,
-    /// it is returned with `created = false`.
+    /// Snapshots partition `partition_id` on its leader; streams the publish's progress, ending
+    /// with a message whose `done` holds what was published. If a snapshot already covers
+    /// `min_lsn`, it is returned with `created = false`. The publish is the node's: it goes on if
+    /// this stream is dropped.
     pub async fn create_snapshot(
         &self,
         partition_id: u32,
         min_lsn: Option<u64>,
         trim_log: bool,
-    ) -> Result<v1::CreateSnapshotResponse> {
+    ) -> Result<tonic::Streaming<v1::CreateSnapshotProgress>> {
         self.admin
             .clone()
             .create_snapshot(v1::CreateSnapshotRequest {
@@ -268,7 +279,7 @@ impl Client {
         self.admin
             .clone()
             .describe_snapshot(v1::DescribeSnapshotRequest {
-                snapshot_id: snapshot_id.into(),
+                snapshot_id: id_bytes(snapshot_id),
             })
             .await
             .map(|r| r.into_inner().metadata_json)
@@ -279,7 +290,7 @@ impl Client {
         self.admin
             .clone()
             .verify_snapshot(v1::VerifySnapshotRequest {
-                snapshot_id: snapshot_id.into(),
+                snapshot_id: id_bytes(snapshot_id),
             })
             .await
             .map(|r| r.into_inner())
@@ -294,7 +305,7 @@ impl Client {
         self.admin
             .clone()
             .export_snapshot(v1::ExportSnapshotRequest {
-                snapshot_id: snapshot_id.into(),
+                snapshot_id: id_bytes(snapshot_id),
             })
             .await
             .map(|r| r.into_inner())
@@ -312,7 +323,7 @@ impl Client {
             .clone()
             .restore_partition(v1::RestorePartitionRequest {
                 partition_id,
-                snapshot_id,
+                snapshot_id: snapshot_id.as_deref().map(id_bytes),
             })
             .await
             .map(|r| r.into_inner())
@@ -323,6 +334,17 @@ impl Client {
     pub fn stream_error(&self, status: tonic::Status) -> Error {
         self.rpc(status)
     }
+}
+
+/// `ttl` in the protocol's milliseconds; a TTL that does not fit is refused rather than wrapped.
+fn ttl_ms(ttl: Option<Duration>) -> Result<Option<u64>> {
+    ttl.map(|ttl| u64::try_from(ttl.as_millis()).map_err(|_| Error::TtlOutOfRange { ttl }))
+        .transpose()
+}
+
+/// A snapshot id as the requests carry it.
+fn id_bytes(snapshot_id: &str) -> Bytes {
+    Bytes::copy_from_slice(snapshot_id.as_bytes())
 }
 
 fn normalize_address(address: &str) -> String {
@@ -361,6 +383,18 @@ mod tests {
             normalize_address("http://localhost:5122/"),
             "http://localhost:5122"
         );
+    }
+
+    #[test]
+    fn ttls_past_64_bit_milliseconds_are_refused_not_wrapped() {
+        // 2^64 ms + 384 ms: `as u64` made this a TTL of 384 ms.
+        let ttl = Duration::from_secs(18_446_744_073_709_552);
+        let err = ttl_ms(Some(ttl)).unwrap_err();
+        assert!(matches!(err, Error::TtlOutOfRange { .. }), "{err}");
+        assert!(err.to_string().contains("shorter TTL"), "{err}");
+        let max = Duration::from_millis(u64::MAX);
+        assert_eq!(ttl_ms(Some(max)).unwrap(), Some(u64::MAX));
+        assert_eq!(ttl_ms(None).unwrap(), None);
     }
 
     #[tokio::test]

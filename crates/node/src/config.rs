@@ -4,6 +4,10 @@
 //! Keys are kebab-case. An environment variable names a key by its path in upper case, with `__`
 //! between sections and `_` for `-`: `[worker] snapshot-restore-policy` is
 //! `CAIRN_WORKER__SNAPSHOT_RESTORE_POLICY`, `base-dir` is `CAIRN_BASE_DIR`.
+//!
+//! A setting that a library crate also has (the log's segment size, the block cache, the
+//! repository's transfer settings, the orphan grace period) takes its default from that crate's
+//! `Default`, so the two never diverge; only the node's own settings have defaults here.
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -21,7 +25,7 @@ pub struct Config {
     pub node_name: String,
     /// Where the node keeps everything it stores.
     pub base_dir: PathBuf,
-    /// Address of the gRPC port (key-value, admin and node-to-node services).
+    /// Address of the gRPC port (the key-value and admin services).
     pub bind_address: SocketAddr,
     /// Number of partitions, fixed when the cluster is created.
     pub num_partitions: u16,
@@ -143,16 +147,17 @@ pub struct SnapshotsConfig {
 
 impl Default for SnapshotsConfig {
     fn default() -> Self {
+        let repository = cairn_snapshots::RepositoryOptions::default();
         SnapshotsConfig {
             destination: None,
-            endpoint_url: None,
-            region: None,
-            allow_http: false,
-            upload_concurrency: 8,
-            multipart_threshold_bytes: 64 * 1024 * 1024,
-            rate_limit_bytes_per_second: None,
+            endpoint_url: repository.endpoint_url,
+            region: repository.region,
+            allow_http: repository.allow_http,
+            upload_concurrency: repository.upload_concurrency,
+            multipart_threshold_bytes: repository.multipart_threshold_bytes,
+            rate_limit_bytes_per_second: repository.rate_limit_bytes_per_second,
             num_retained: 5,
-            orphan_grace_period: Duration::from_secs(3600),
+            orphan_grace_period: cairn_snapshots::DEFAULT_ORPHAN_GRACE,
             snapshot_interval: None,
             snapshot_interval_num_records: None,
             max_concurrent_snapshots: 2,
@@ -180,7 +185,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             provider: LogProviderKind::Local,
-            segment_bytes: 64 * 1024 * 1024,
+            segment_bytes: cairn_log::local::LocalLogOptions::default().segment_bytes_max,
         }
     }
 }
@@ -188,7 +193,7 @@ impl Default for LogConfig {
 impl Default for PartitionStoreConfig {
     fn default() -> Self {
         PartitionStoreConfig {
-            block_cache_bytes: 256 * 1024 * 1024,
+            block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
         }
     }
 }
@@ -295,7 +300,8 @@ impl Config {
                 || destination == NO_DESTINATION)
         {
             return Err(ConfigError(format!(
-                "worker.snapshots.destination {destination:?} is not supported: use file:///path, an absolute path, s3://bucket/prefix, or \"none\" for no snapshots"
+                "worker.snapshots.destination {:?} is not supported: use file:///path, an absolute path, s3://bucket/prefix, or \"none\" for no snapshots",
+                redact_credentials(destination)
             )));
         }
         if snapshots.num_retained == 0 {
@@ -351,6 +357,23 @@ impl Config {
     /// Whether the node has a snapshot repository.
     pub fn snapshots_enabled(&self) -> bool {
         self.worker.snapshots.destination.as_deref() != Some(NO_DESTINATION)
+    }
+}
+
+/// `destination` with the user info (`id:secret@`) and the query of its URL replaced by `***`,
+/// for messages and logs: a destination is never echoed with credentials.
+pub fn redact_credentials(destination: &str) -> String {
+    let Some((scheme, rest)) = destination.split_once("://") else {
+        return destination.to_string();
+    };
+    let (rest, query) = match rest.split_once(['?', '#']) {
+        Some((rest, _)) => (rest, "?***"),
+        None => (rest, ""),
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}{query}", &rest[at + 1..]),
+        None => format!("{scheme}://{rest}{query}"),
     }
 }
 
@@ -508,6 +531,33 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn a_refused_destination_is_echoed_without_its_credentials() {
+        Jail::expect_with(|jail| {
+            jail.set_env(
+                "CAIRN_WORKER__SNAPSHOTS__DESTINATION",
+                "S3://AKIAEXAMPLE:very-secret@bucket/prefix",
+            );
+            let err = load(None).unwrap_err().to_string();
+            assert!(
+                !err.contains("very-secret") && !err.contains("AKIAEXAMPLE"),
+                "{err}"
+            );
+            assert!(err.contains("S3://***@bucket/prefix"), "{err}");
+            Ok(())
+        });
+        assert_eq!(
+            redact_credentials("s3://id@bucket/a@b"),
+            "s3://***@bucket/a@b"
+        );
+        assert_eq!(redact_credentials("/data/a@b"), "/data/a@b");
+        assert_eq!(redact_credentials("s3://bucket/p"), "s3://bucket/p");
+        assert_eq!(
+            redact_credentials("s3://bucket/p?secret=x"),
+            "s3://bucket/p?***"
+        );
     }
 
     #[test]

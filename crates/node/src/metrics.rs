@@ -12,9 +12,8 @@ use prometheus::{
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Buckets for snapshot and restore durations, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -213,14 +212,18 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `cancel`. One request per connection.
+/// How long a client may take to send its request head.
+const REQUEST_HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves `GET /metrics` on `listener` over HTTP/1.1 (hyper, the HTTP stack under tonic) until
+/// `cancel`.
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<NodeState>,
     cancel: CancellationToken,
 ) {
     loop {
-        let (mut stream, _) = tokio::select! {
+        let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -232,49 +235,55 @@ pub(crate) async fn serve(
             () = cancel.cancelled() => return,
         };
         let state = state.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+            let state = state.clone();
+            let get = request.method() == hyper::Method::GET;
+            let metrics = request.uri().path() == "/metrics";
+            async move { Ok::<_, std::convert::Infallible>(respond(&state, get, metrics).await) }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(REQUEST_HEAD_TIMEOUT)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
         tokio::spawn(async move {
-            let mut request = vec![0u8; 4096];
-            let mut read = 0;
-            // Read until the end of the request head; requests to this port have no body.
-            while read < request.len() {
-                match tokio::time::timeout(
-                    Duration::from_secs(5),
-                    stream.read(&mut request[read..]),
-                )
-                .await
-                {
-                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                    Ok(Ok(n)) => read += n,
-                }
-                if request[..read].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
+            if let Err(err) = connection.await {
+                debug!("metrics port: {err}");
             }
-            let head = String::from_utf8_lossy(&request[..read]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, content_type, body) = if head.starts_with("GET ")
-                && (path == "/metrics" || path.starts_with("/metrics?"))
-            {
-                (
-                    "200 OK",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    state.metrics.render(&state).await,
-                )
-            } else {
-                (
-                    "404 Not Found",
-                    "text/plain; charset=utf-8",
-                    "Cairn serves its metrics at GET /metrics\n".to_string(),
-                )
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
         });
     }
+}
+
+/// The answer to a request with method GET (`get`) or another, for `/metrics` (`metrics`) or
+/// another path.
+async fn respond(
+    state: &NodeState,
+    get: bool,
+    metrics: bool,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    let (status, content_type, body) = match (get, metrics) {
+        (true, true) => (
+            hyper::StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            state.metrics.render(state).await,
+        ),
+        (false, true) => (
+            hyper::StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "Cairn serves its metrics at GET /metrics\n".to_string(),
+        ),
+        _ => (
+            hyper::StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "Cairn serves its metrics at GET /metrics\n".to_string(),
+        ),
+    };
+    let mut response = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
 }
 
 /// Binds the metrics port.

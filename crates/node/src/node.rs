@@ -35,6 +35,8 @@ pub(crate) struct NodeState {
     /// Per partition, the archived LSNs `latest.json` has said it covers, oldest first, each with
     /// when this node first saw it (the delay of automatic trimming counts from there).
     pub archived_lsn: Mutex<HashMap<PartitionId, Vec<(Lsn, Instant)>>>,
+    /// Per partition, how many snapshot publishes run or wait (requested or automatic).
+    pub publishing: Mutex<HashMap<PartitionId, usize>>,
     /// Scratch space for files served to clients (snapshot tars).
     pub tmp_dir: PathBuf,
     pub metrics: Arc<Metrics>,
@@ -83,6 +85,15 @@ impl NodeState {
         }
     }
 
+    /// Whether a snapshot of `id` is being published (a new one waits for it).
+    pub fn publishing(&self, id: PartitionId) -> bool {
+        self.publishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .is_some_and(|n| *n > 0)
+    }
+
     /// Snapshots `partition` (unless a snapshot already covers `min_lsn`), counting it in the
     /// metrics and refreshing the archived LSN.
     pub async fn create_snapshot(
@@ -92,6 +103,7 @@ impl NodeState {
         on_progress: Option<ProgressFn>,
     ) -> cairn_worker::Result<CreatedSnapshot> {
         let id = partition.id();
+        let _counted = Publishing::start(&self.publishing, id);
         let snapshots = self
             .snapshots
             .as_ref()
@@ -139,6 +151,32 @@ impl NodeState {
                     .remove(&id);
             }
             Err(err) => tracing::warn!(partition = %id, "read latest snapshot: {err}"),
+        }
+    }
+}
+
+/// Counts a publish of one partition in [`NodeState::publishing`] while it lives.
+struct Publishing<'a> {
+    counts: &'a Mutex<HashMap<PartitionId, usize>>,
+    partition: PartitionId,
+}
+
+impl<'a> Publishing<'a> {
+    fn start(counts: &'a Mutex<HashMap<PartitionId, usize>>, partition: PartitionId) -> Self {
+        *counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(partition)
+            .or_default() += 1;
+        Publishing { counts, partition }
+    }
+}
+
+impl Drop for Publishing<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.partition) {
+            *n = n.saturating_sub(1);
         }
     }
 }
@@ -195,101 +233,28 @@ impl RunningNode {
     }
 }
 
-/// Starts a node with `config` and returns once it serves every partition it could start.
+/// Starts a node with `config`. It returns once the node serves; its partitions come up in the
+/// background (a request to one not up yet says so).
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
-    let listener = tokio::net::TcpListener::bind(config.bind_address)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {}: another process may use it; set bind-address (or CAIRN_BIND_ADDRESS) to a free address",
-                config.bind_address
-            )
-        })?;
+    let listener = listen(config.bind_address).await?;
     let local_addr = listener
         .local_addr()
         .context("read the listening address")?;
-
-    std::fs::create_dir_all(&config.base_dir).with_context(|| {
-        format!(
-            "cannot create the base dir {}; set base-dir to a writable folder",
-            config.base_dir.display()
-        )
-    })?;
-    let base_dir = config
-        .base_dir
-        .canonicalize()
-        .with_context(|| format!("resolve base dir {}", config.base_dir.display()))?;
-    let lock = lock_base_dir(&base_dir)?;
+    let (base_dir, lock) = claim_base_dir(config.base_dir.clone()).await?;
     cairn_worker::testing::announce();
 
-    let metadata: Arc<dyn MetadataStore> =
-        Arc::new(LocalMetadataStore::open(&base_dir.join("metadata.json"))?);
-    let cluster = ensure_cluster(metadata.as_ref(), &config).await?;
+    let (metadata, cluster) = open_cluster(&config, &base_dir).await?;
     let node = NodeId(config.node_name.clone());
-
-    let logs: Arc<dyn LogProvider> = match config.log.provider {
-        LogProviderKind::Local => Arc::new(
-            LocalLogProvider::open(
-                base_dir.join("log"),
-                LocalLogOptions {
-                    segment_bytes_max: config.log.segment_bytes,
-                    ..LocalLogOptions::default()
-                },
-            )
-            .context("open the local log")?,
-        ),
-    };
-    let stores = Arc::new(
-        PartitionStoreManager::open(
-            &base_dir.join("db"),
-            &StoreOptions {
-                block_cache_bytes: config.partition_store.block_cache_bytes,
-                ..StoreOptions::default()
-            },
-        )
-        .context("open the partition store")?,
-    );
+    let (logs, stores) = open_storage(&config, &base_dir).await?;
 
     let metrics_listener = match config.metrics.bind_address {
         Some(address) => Some(metrics::bind(address).await?),
         None => None,
     };
-    let metrics_addr = metrics_listener
-        .as_ref()
-        .and_then(|listener| listener.local_addr().ok());
     let metrics = Arc::new(Metrics::new());
 
-    let repository = match config.snapshots_enabled() {
-        true => Some(Arc::new(open_repository(&config, &base_dir, &cluster)?)),
-        false => {
-            info!("no snapshot repository (worker.snapshots.destination = \"none\")");
-            None
-        }
-    };
-    let snapshots = repository.as_ref().map(|repository| {
-        SnapshotProducer::new(
-            repository.clone(),
-            base_dir.join("db-snapshots"),
-            node.0.clone(),
-        )
-        .with_retention(
-            config.worker.snapshots.num_retained,
-            config.worker.snapshots.orphan_grace_period,
-        )
-    });
-    let _ = std::fs::remove_dir_all(base_dir.join("db-snapshots"));
-    let restorer = repository.as_ref().map(|repository| {
-        Restorer::new(
-            repository.clone(),
-            base_dir.join("restore-staging"),
-            cluster.num_partitions,
-        )
-    });
-    let tmp_dir = base_dir.join("tmp");
-    let _ = std::fs::remove_dir_all(&tmp_dir);
-    std::fs::create_dir_all(&tmp_dir).with_context(|| format!("create {}", tmp_dir.display()))?;
-
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (snapshots, restorer) = snapshot_parts(&config, &base_dir, &cluster, &node)?;
+    let tmp_dir = clear_scratch_folders(&base_dir).await?;
     let partitions = Partitions::open(
         PartitionsConfig {
             node: node.clone(),
@@ -297,7 +262,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             stores,
             metadata: metadata.clone(),
             restorer,
-            clock,
+            clock: Arc::new(SystemClock) as Arc<dyn Clock>,
             policy: config.worker.snapshot_restore_policy,
             metrics: metrics.clone(),
             staging_root: base_dir.join("restore-staging"),
@@ -312,30 +277,16 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         partitions,
         snapshots,
         archived_lsn: Mutex::new(HashMap::new()),
+        publishing: Mutex::new(HashMap::new()),
         tmp_dir,
         metrics,
-        config: config.clone(),
+        config,
     });
     for p in 0..cluster.num_partitions {
         state.refresh_archived_lsn(PartitionId(p)).await;
     }
     let cancel = CancellationToken::new();
-    let server = tonic::transport::Server::builder()
-        .add_service(
-            KeyValueServer::new(KeyValueService::new(state.clone()))
-                .max_decoding_message_size(MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        )
-        .add_service(
-            AdminServer::new(AdminService::new(state.clone()))
-                .max_decoding_message_size(MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(MESSAGE_BYTES_MAX),
-        )
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            cancel.clone().cancelled_owned(),
-        );
-    let server = tokio::spawn(server);
+    let server = serve_grpc(state.clone(), listener, cancel.clone());
     info!(
         cluster = %cluster.cluster_name,
         node = %node,
@@ -343,6 +294,175 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         "Cairn node {node} listening on {local_addr}; data in {}",
         base_dir.display()
     );
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let background = spawn_background(&state, metrics_listener, &cancel);
+    Ok(RunningNode {
+        local_addr,
+        metrics_addr,
+        base_dir,
+        state,
+        cancel,
+        server,
+        background,
+        _lock: lock,
+    })
+}
+
+/// Binds the gRPC port first: a node that cannot serve should fail before it touches its data.
+async fn listen(address: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {address}: another process may use it; set bind-address (or CAIRN_BIND_ADDRESS) to a free address"
+            )
+        })
+}
+
+/// Opens the metadata store and the cluster record in it (created on the first start).
+async fn open_cluster(
+    config: &Config,
+    base_dir: &std::path::Path,
+) -> anyhow::Result<(Arc<dyn MetadataStore>, ClusterRecord)> {
+    let path = base_dir.join("metadata.json");
+    let metadata: Arc<dyn MetadataStore> = Arc::new(
+        tokio::task::spawn_blocking(move || LocalMetadataStore::open(&path))
+            .await
+            .context("open the metadata store")??,
+    );
+    let cluster = ensure_cluster(metadata.as_ref(), config).await?;
+    Ok((metadata, cluster))
+}
+
+/// Creates the base dir if needed and locks it; returns its canonical path and the lock.
+async fn claim_base_dir(base_dir: PathBuf) -> anyhow::Result<(PathBuf, std::fs::File)> {
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&base_dir).with_context(|| {
+            format!(
+                "cannot create the base dir {}; set base-dir to a writable folder",
+                base_dir.display()
+            )
+        })?;
+        let base_dir = base_dir
+            .canonicalize()
+            .with_context(|| format!("resolve base dir {}", base_dir.display()))?;
+        let lock = lock_base_dir(&base_dir)?;
+        Ok((base_dir, lock))
+    })
+    .await
+    .context("claim the base dir")?
+}
+
+/// The log provider `log.provider` names, and the partition store.
+async fn open_storage(
+    config: &Config,
+    base_dir: &std::path::Path,
+) -> anyhow::Result<(Arc<dyn LogProvider>, Arc<PartitionStoreManager>)> {
+    let log_dir = base_dir.join("log");
+    let db_dir = base_dir.join("db");
+    let log_options = LocalLogOptions {
+        segment_bytes_max: config.log.segment_bytes,
+        ..LocalLogOptions::default()
+    };
+    let store_options = StoreOptions {
+        block_cache_bytes: config.partition_store.block_cache_bytes,
+        ..StoreOptions::default()
+    };
+    let provider = config.log.provider;
+    // Opening both reads and recovers files: off the async threads.
+    tokio::task::spawn_blocking(move || {
+        let logs: Arc<dyn LogProvider> = match provider {
+            LogProviderKind::Local => Arc::new(
+                LocalLogProvider::open(log_dir, log_options).context("open the local log")?,
+            ),
+        };
+        let stores = Arc::new(
+            PartitionStoreManager::open(&db_dir, &store_options)
+                .context("open the partition store")?,
+        );
+        Ok((logs, stores))
+    })
+    .await
+    .context("open the log and the partition store")?
+}
+
+/// The snapshot producer and the restorer over the repository of `[worker.snapshots]`; neither
+/// when the node has no repository.
+fn snapshot_parts(
+    config: &Config,
+    base_dir: &std::path::Path,
+    cluster: &ClusterRecord,
+    node: &NodeId,
+) -> anyhow::Result<(Option<SnapshotProducer>, Option<Restorer>)> {
+    if !config.snapshots_enabled() {
+        info!("no snapshot repository (worker.snapshots.destination = \"none\")");
+        return Ok((None, None));
+    }
+    let repository = Arc::new(open_repository(config, base_dir, cluster)?);
+    let producer = SnapshotProducer::new(
+        repository.clone(),
+        base_dir.join("db-snapshots"),
+        node.0.clone(),
+    )
+    .with_retention(
+        config.worker.snapshots.num_retained,
+        config.worker.snapshots.orphan_grace_period,
+    );
+    let restorer = Restorer::new(
+        repository,
+        base_dir.join("restore-staging"),
+        cluster.num_partitions,
+    );
+    Ok((Some(producer), Some(restorer)))
+}
+
+/// Removes what a previous run left in the node's scratch folders (snapshot exports it never
+/// published, tars it never finished serving) and returns the empty scratch folder for files
+/// served to clients.
+async fn clear_scratch_folders(base_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let exports = base_dir.join("db-snapshots");
+    let tmp_dir = base_dir.join("tmp");
+    tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_dir_all(&exports);
+        let _ = std::fs::remove_dir_all(&tmp_dir);
+        std::fs::create_dir_all(&tmp_dir)
+            .with_context(|| format!("create {}", tmp_dir.display()))?;
+        Ok(tmp_dir)
+    })
+    .await
+    .context("clear the scratch folders")?
+}
+
+/// Serves the key-value and admin services on `listener` until `cancel`.
+fn serve_grpc(
+    state: Arc<NodeState>,
+    listener: tokio::net::TcpListener,
+    cancel: CancellationToken,
+) -> JoinHandle<Result<(), tonic::transport::Error>> {
+    let server = tonic::transport::Server::builder()
+        .add_service(
+            KeyValueServer::new(KeyValueService::new(state.clone()))
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        )
+        .add_service(
+            AdminServer::new(AdminService::new(state))
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        )
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            cancel.cancelled_owned(),
+        );
+    tokio::spawn(server)
+}
+
+/// The metrics port, automatic snapshots and trimming, and the bring-up of the partitions.
+fn spawn_background(
+    state: &Arc<NodeState>,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    cancel: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
     let mut background = Vec::new();
     if let Some(listener) = metrics_listener {
         background.push(tokio::spawn(metrics::serve(
@@ -365,16 +485,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             () = bring_up_cancel.cancelled() => {}
         }
     }));
-    Ok(RunningNode {
-        local_addr,
-        metrics_addr,
-        base_dir,
-        state,
-        cancel,
-        server,
-        background,
-        _lock: lock,
-    })
+    background
 }
 
 /// The snapshot repository of `[worker.snapshots]` (by default `<base-dir>/pp-snapshots`), as

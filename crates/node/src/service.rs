@@ -1,4 +1,8 @@
 //! The gRPC services: translate requests into partition calls and worker errors into statuses.
+//!
+//! Work that takes longer than a request timeout runs in tasks of the node's own and streams its
+//! progress: a restore and a snapshot publish go on if their caller goes away (stopping halfway
+//! would only waste what was done), an export stops (its tar is for that caller alone).
 
 use crate::node::NodeState;
 use crate::partitions::Slot;
@@ -75,9 +79,16 @@ fn snapshot_status(err: cairn_snapshots::Error) -> Status {
     }
 }
 
-fn parse_snapshot_id(input: &str) -> Result<SnapshotId, Status> {
-    input
-        .trim()
+/// A snapshot id as a request carries it (bytes, so that one that is not UTF-8 arrives here and
+/// is refused as the caller's mistake).
+fn parse_snapshot_id(input: impl AsRef<[u8]>) -> Result<SnapshotId, Status> {
+    let text = std::str::from_utf8(input.as_ref()).map_err(|_| {
+        Status::invalid_argument(format!(
+            "snapshot id {:?} is not UTF-8; `cairnctl snapshots list` shows the ids",
+            String::from_utf8_lossy(input.as_ref())
+        ))
+    })?;
+    text.trim()
         .parse()
         .map_err(|e: cairn_snapshots::Error| Status::invalid_argument(e.to_string()))
 }
@@ -241,9 +252,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::keys(&request.keys)?;
         validate::value_ok(0, &request.value)?;
         validate::ttl_ok(request.ttl_ms)?;
-        validate::batch_bytes(
-            request.keys.iter().map(|k| k.len()).sum::<usize>() + request.value.len(),
-        )?;
+        validate::insert_if_absent_bytes(&request.keys, request.value.len())?;
         let request = &request;
         let inserted = self
             .scatter(&request.keys, |partition, indices| async move {
@@ -286,6 +295,49 @@ impl AdminService {
                 "this node has no snapshot repository (worker.snapshots.destination = \"none\"); set worker.snapshots.destination and restart it",
             )
         })
+    }
+
+    /// Refuses, before anything starts, a snapshot this node cannot take: it must lead the
+    /// partition (a follower's store may lag), the partition must run, and `min_lsn` must be in
+    /// the log.
+    async fn check_snapshot_request(
+        &self,
+        partition: &Partition,
+        min_lsn: Option<u64>,
+    ) -> Result<(), Status> {
+        let status = partition.status().await;
+        match &status.leader {
+            Some(leader) if leader.node == self.state.node => {}
+            leader => {
+                return Err(status_of(cairn_worker::Error::NotLeader {
+                    partition: partition.id(),
+                    leader: leader.as_ref().map(|l| l.node.clone()),
+                }));
+            }
+        }
+        if let Some(reason) = status.stopped {
+            return Err(Status::unavailable(format!(
+                "partition {} is stopped and cannot be snapshotted: {reason}",
+                partition.id()
+            )));
+        }
+        if let Some(min_lsn) = min_lsn {
+            let tail = partition
+                .log()
+                .state()
+                .await
+                .map_err(|e| {
+                    Status::unavailable(format!("read the state of log {}: {e}", partition.id()))
+                })?
+                .tail;
+            if Lsn(min_lsn) > tail {
+                return Err(Status::out_of_range(format!(
+                    "--min-lsn {min_lsn} is past the log's tail: log {} ends at LSN {tail}, so there is nothing there to snapshot yet; give an LSN up to {tail}, or leave --min-lsn out to snapshot what the partition has applied",
+                    partition.id()
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn numbered(&self, id: u32, noun: &str, nouns: &str) -> Result<&Slot, Status> {
@@ -424,62 +476,59 @@ impl v1::admin_server::Admin for AdminService {
         }))
     }
 
+    type CreateSnapshotStream =
+        tokio_stream::wrappers::ReceiverStream<Result<v1::CreateSnapshotProgress, Status>>;
+
+    /// Checks the request, then publishes in a task of the node's own: a large partition takes
+    /// longer than any request timeout, and a caller that gives up must not cancel a publish
+    /// halfway (its uploads would be orphans, and the next caller would start over).
     async fn create_snapshot(
         &self,
         request: Request<v1::CreateSnapshotRequest>,
-    ) -> Result<Response<v1::CreateSnapshotResponse>, Status> {
+    ) -> Result<Response<Self::CreateSnapshotStream>, Status> {
         let request = request.into_inner();
         let partition = self.partition(request.partition_id)?;
         tracing::info!(partition = request.partition_id, min_lsn = ?request.min_lsn, "Create snapshot command received");
-        // The leader snapshots its partition: a follower's store may lag. On a single node the
-        // leader is this node; a node that does not lead the partition says who does.
-        let status = partition.status().await;
-        match &status.leader {
-            Some(leader) if leader.node == self.state.node => {}
-            leader => {
-                return Err(status_of(cairn_worker::Error::NotLeader {
-                    partition: partition.id(),
-                    leader: leader.as_ref().map(|l| l.node.clone()),
-                }));
-            }
-        }
-        if let Some(reason) = status.stopped {
-            return Err(Status::unavailable(format!(
-                "partition {} is stopped and cannot be snapshotted: {reason}",
-                partition.id()
-            )));
-        }
         self.snapshots()?;
-        let created = self
-            .state
-            .create_snapshot(&partition, request.min_lsn.map(Lsn), None)
-            .await
-            .map_err(status_of)?;
-        let log_trim_point = if request.trim_log {
-            // The partition as it runs now: an online restore may have replaced it meanwhile.
-            let partition = self.partition(request.partition_id)?;
-            partition.trim_log(created.lsn).await.map_err(status_of)?;
-            let log = partition
-                .log()
-                .state()
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            tracing::info!(partition = %partition.id(), trim_point = %log.trim_point, "log trimmed to the snapshot");
-            Some(log.trim_point.0)
-        } else {
-            None
-        };
-        Ok(Response::new(v1::CreateSnapshotResponse {
-            log_trim_point,
-            snapshot_id: created.snapshot_id.to_string(),
-            partition_id: u32::from(created.partition_id.0),
-            lsn: created.lsn.0,
-            created: created.created,
-            total_bytes: created.total_bytes,
-            uploaded_bytes: created.uploaded_bytes,
-            total_files: created.total_files as u32,
-            uploaded_files: created.uploaded_files as u32,
-        }))
+        self.check_snapshot_request(&partition, request.min_lsn)
+            .await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
+        if self.state.publishing(partition.id()) {
+            let _ = tx.try_send(Ok(v1::CreateSnapshotProgress {
+                phase: "waiting".into(),
+                message: format!(
+                    "waiting for the snapshot of partition {} being published",
+                    partition.id()
+                ),
+                ..Default::default()
+            }));
+        }
+        let progress_tx = tx.clone();
+        let on_progress: cairn_snapshots::ProgressFn = Arc::new(move |done, total| {
+            // Progress is advisory: a slow reader misses some, never the end.
+            let _ = progress_tx.try_send(Ok(v1::CreateSnapshotProgress {
+                phase: "upload".into(),
+                bytes_done: done,
+                bytes_total: total,
+                ..Default::default()
+            }));
+        });
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let outcome = publish_snapshot(&state, partition, request, on_progress).await;
+            let last = outcome.map(|done| v1::CreateSnapshotProgress {
+                phase: "done".into(),
+                bytes_done: done.total_bytes,
+                bytes_total: done.total_bytes,
+                done: Some(done),
+                ..Default::default()
+            });
+            // The caller may be gone; the snapshot is published all the same.
+            let _ = tx.send(last).await;
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
 
     async fn list_snapshots(
@@ -611,23 +660,79 @@ impl v1::admin_server::Admin for AdminService {
     type ExportSnapshotStream =
         tokio_stream::wrappers::ReceiverStream<Result<v1::ExportSnapshotChunk, Status>>;
 
+    /// Builds the tar in a file of this export's own, then streams it. The work runs in a task
+    /// that stops as soon as the caller goes away; the file is removed in every case.
     async fn export_snapshot(
         &self,
         request: Request<v1::ExportSnapshotRequest>,
     ) -> Result<Response<Self::ExportSnapshotStream>, Status> {
         let id = parse_snapshot_id(&request.into_inner().snapshot_id)?;
-        let tar = self.state.tmp_dir.join(format!("{id}.tar"));
-        self.snapshots()?
-            .repository()
-            .export_tar(id, &tar)
-            .await
-            .map_err(snapshot_status)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(stream_file(tar, tx));
+        let repository = self.snapshots()?.repository().clone();
+        let tar = ScratchFile::new(&self.state.tmp_dir, &format!("{id}.tar"));
+        let (tx, rx) = tokio::sync::mpsc::channel(EXPORT_CHUNKS_BUFFERED);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = export_and_send(&repository, id, &tar, &tx) => {}
+                () = tx.closed() => abandoned(id),
+            }
+            drop(tar);
+        });
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))
     }
+}
+
+/// Progress messages a publish buffers for a slow reader.
+const PROGRESS_BUFFER: usize = 16;
+
+/// Chunks of 1 MiB an export reads ahead of its reader.
+const EXPORT_CHUNKS_BUFFERED: usize = 4;
+
+/// Publishes a snapshot of `partition` and, if asked, trims its log to it; the summary that
+/// `cairnctl snapshots create` prints.
+async fn publish_snapshot(
+    state: &NodeState,
+    partition: Arc<Partition>,
+    request: v1::CreateSnapshotRequest,
+    on_progress: cairn_snapshots::ProgressFn,
+) -> Result<v1::CreateSnapshotResponse, Status> {
+    let created = state
+        .create_snapshot(&partition, request.min_lsn.map(Lsn), Some(on_progress))
+        .await
+        .map_err(status_of)?;
+    let log_trim_point = if request.trim_log {
+        // The partition as it runs now: an online restore may have replaced it meanwhile.
+        let partition = state
+            .partitions
+            .slot(created.partition_id)
+            .ok_or_else(|| {
+                Status::internal(format!("partition {} vanished", created.partition_id))
+            })?
+            .running()
+            .map_err(status_of)?;
+        partition.trim_log(created.lsn).await.map_err(status_of)?;
+        let log = partition
+            .log()
+            .state()
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        tracing::info!(partition = %partition.id(), trim_point = %log.trim_point, "log trimmed to the snapshot");
+        Some(log.trim_point.0)
+    } else {
+        None
+    };
+    Ok(v1::CreateSnapshotResponse {
+        log_trim_point,
+        snapshot_id: created.snapshot_id.to_string(),
+        partition_id: u32::from(created.partition_id.0),
+        lsn: created.lsn.0,
+        created: created.created,
+        total_bytes: created.total_bytes,
+        uploaded_bytes: created.uploaded_bytes,
+        total_files: created.total_files as u32,
+        uploaded_files: created.uploaded_files as u32,
+    })
 }
 
 fn restore_progress(step: RestoreStep) -> v1::RestorePartitionProgress {
@@ -663,37 +768,94 @@ fn restore_progress(step: RestoreStep) -> v1::RestorePartitionProgress {
     progress
 }
 
-/// Sends `path` in chunks and removes it afterwards.
-async fn stream_file(
+/// A file in the node's scratch folder with a name no other request uses, removed (with the
+/// `.partial` file a writer may have left beside it) when dropped, however its user ends.
+struct ScratchFile {
     path: std::path::PathBuf,
-    tx: tokio::sync::mpsc::Sender<Result<v1::ExportSnapshotChunk, Status>>,
-) {
-    use tokio::io::AsyncReadExt;
-    const CHUNK_BYTES: usize = 1024 * 1024;
-    let result: std::io::Result<()> = async {
-        let mut file = tokio::fs::File::open(&path).await?;
-        let mut total_bytes = file.metadata().await?.len();
-        loop {
-            let mut buf = vec![0u8; CHUNK_BYTES];
-            let n = file.read(&mut buf).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            buf.truncate(n);
-            let chunk = v1::ExportSnapshotChunk {
-                data: buf.into(),
-                total_bytes: std::mem::take(&mut total_bytes),
-            };
-            if tx.send(Ok(chunk)).await.is_err() {
-                return Ok(()); // the client went away
-            }
+}
+
+impl ScratchFile {
+    fn new(dir: &std::path::Path, name: &str) -> ScratchFile {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+        ScratchFile {
+            path: dir.join(format!("{unique}-{name}")),
         }
     }
-    .await;
-    if let Err(err) = result {
-        let _ = tx
-            .send(Err(Status::internal(format!("read snapshot tar: {err}"))))
-            .await;
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let path = self.path.clone();
+        let mut partial = path.clone().into_os_string();
+        partial.push(".partial");
+        let remove = move || {
+            for path in [path, partial.into()] {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(path = %path.display(), "remove scratch file: {e}"),
+                }
+            }
+        };
+        // Off the async threads when there is a runtime; at shut-down, in place.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
     }
-    let _ = tokio::fs::remove_file(&path).await;
+}
+
+/// Writes snapshot `id` as a tar into `tar` and sends it on `tx`; a failure ends the stream with
+/// its status.
+async fn export_and_send(
+    repository: &cairn_snapshots::SnapshotRepository,
+    id: SnapshotId,
+    tar: &ScratchFile,
+    tx: &tokio::sync::mpsc::Sender<Result<v1::ExportSnapshotChunk, Status>>,
+) {
+    if let Err(err) = repository.export_tar(id, &tar.path).await {
+        let _ = tx.send(Err(snapshot_status(err))).await;
+        return;
+    }
+    match send_file(&tar.path, tx).await {
+        Ok(true) => {}
+        Ok(false) => abandoned(id),
+        Err(err) => {
+            let _ = tx
+                .send(Err(Status::internal(format!("read snapshot tar: {err}"))))
+                .await;
+        }
+    }
+}
+
+fn abandoned(id: SnapshotId) {
+    tracing::info!(snapshot_id = %id, "export abandoned by its caller");
+}
+
+/// Sends the file at `path` in chunks, the first with its size; false if the receiver went away
+/// before the end.
+async fn send_file(
+    path: &std::path::Path,
+    tx: &tokio::sync::mpsc::Sender<Result<v1::ExportSnapshotChunk, Status>>,
+) -> std::io::Result<bool> {
+    use tokio::io::AsyncReadExt;
+    const CHUNK_BYTES: usize = 1024 * 1024;
+    let mut file = tokio::fs::File::open(path).await?;
+    let mut total_bytes = file.metadata().await?.len();
+    loop {
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(true);
+        }
+        buf.truncate(n);
+        let chunk = v1::ExportSnapshotChunk {
+            data: buf.into(),
+            total_bytes: std::mem::take(&mut total_bytes),
+        };
+        if tx.send(Ok(chunk)).await.is_err() {
+            return Ok(false);
+        }
+    }
 }

@@ -65,6 +65,21 @@ pub fn batch_bytes(total: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// Insert-if-absent stores its one value under every key, so the bound counts it once per key.
+pub fn insert_if_absent_bytes(keys: &[Bytes], value_len: usize) -> Result<(), Status> {
+    let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+    let stored = value_len
+        .saturating_mul(keys.len())
+        .saturating_add(key_bytes);
+    if stored > BATCH_BYTES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "the request would store {stored} bytes (its {value_len}-byte value under each of its {} keys, plus {key_bytes} bytes of keys); the limit is {BATCH_BYTES_MAX} bytes per request, split it or send a smaller value",
+            keys.len()
+        )));
+    }
+    Ok(())
+}
+
 pub fn ttl_ok(ttl_ms: Option<u64>) -> Result<(), Status> {
     match ttl_ms {
         Some(0) => Err(Status::invalid_argument(

@@ -1,0 +1,267 @@
+//! Snapshot publishes and exports as an operator meets them on a large partition: a publish is
+//! the node's task, which no client timeout or disconnect cancels; exports of one snapshot run
+//! side by side, each whole, and leave nothing behind.
+//!
+//! A real `cairn` with one partition; a rate limit on uploads makes a publish of about 1 MB take
+//! seconds, as a large partition does on a real link.
+
+mod support;
+
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions, PutEntry};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{Server, cairnctl, created_id, ok};
+
+/// Upload rate that makes publishing [`BATCH_BYTES`] take about 5 s.
+const RATE_BYTES_PER_SECOND: &str = "200000";
+/// Incompressible bytes written before each snapshot.
+const BATCH_BYTES: usize = 1024 * 1024;
+
+fn start(dir: &Path, rate_limited: bool) -> Server {
+    let mut env = vec![("CAIRN_NUM_PARTITIONS", "1")];
+    if rate_limited {
+        env.push((
+            "CAIRN_WORKER__SNAPSHOTS__RATE_LIMIT_BYTES_PER_SECOND",
+            RATE_BYTES_PER_SECOND,
+        ));
+    }
+    Server::start_with(dir, &[], &env)
+}
+
+/// Writes `bytes` of random values under keys starting with `prefix`.
+fn write_random(address: &str, prefix: &str, bytes: usize) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = Client::connect(address, &ClientOptions::default())
+            .await
+            .unwrap();
+        let value_bytes = 256 * 1024;
+        let entries = (0..bytes.div_ceil(value_bytes))
+            .map(|i| PutEntry {
+                key: Bytes::from(format!("{prefix}-{i}")),
+                value: Bytes::from(
+                    (0..value_bytes)
+                        .map(|_| rand::random::<u8>())
+                        .collect::<Vec<_>>(),
+                ),
+                ttl: None,
+            })
+            .collect();
+        client.put(entries).await.unwrap();
+    });
+}
+
+/// Polls `check` every 100 ms until it holds, for at most `limit`.
+#[track_caller]
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Snapshot ids that `snapshots list -p 0` shows.
+fn listed(address: &str) -> Vec<String> {
+    ok(cairnctl(address, &["snapshots", "list", "-p", "0"]))
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_publish_outlives_short_timeouts_and_clients_that_go_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), true);
+    let a = server.address.clone();
+
+    // The request timeout bounds calls that answer at once; a publish of seconds still completes.
+    write_random(&a, "first", BATCH_BYTES);
+    let started = Instant::now();
+    let out = ok(cairnctl(
+        &a,
+        &[
+            "--request-timeout",
+            "1000",
+            "snapshots",
+            "create",
+            "-p",
+            "0",
+        ],
+    ));
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "the publish was expected to take seconds ({:?})",
+        started.elapsed()
+    );
+    let first = created_id(&out);
+    assert_eq!(listed(&a), vec![first.clone()]);
+
+    // A client killed mid-publish: the snapshot is published all the same.
+    write_random(&a, "second", BATCH_BYTES);
+    let mut client = Command::new(env!("CARGO_BIN_EXE_cairnctl"))
+        .args(["--address", &a, "snapshots", "create", "-p", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the second export", || {
+        server
+            .output()
+            .matches("Partition snapshot written")
+            .count()
+            == 2
+    });
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert_eq!(
+        server
+            .output()
+            .matches("Partition snapshot published")
+            .count(),
+        1,
+        "the client was meant to go away mid-publish"
+    );
+    wait_until(Duration::from_secs(60), "the abandoned publish", || {
+        listed(&a).len() == 2
+    });
+    let second = listed(&a)
+        .into_iter()
+        .find(|id| *id != first)
+        .expect("a second snapshot");
+    ok(cairnctl(&a, &["snapshots", "verify", &second]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_create_while_one_publishes_says_it_waits_and_then_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), true);
+    let a = server.address.clone();
+    let writer = a.clone();
+    tokio::task::spawn_blocking(move || write_random(&writer, "data", BATCH_BYTES))
+        .await
+        .unwrap();
+    let client = Client::connect(&a, &ClientOptions::default())
+        .await
+        .unwrap();
+    let mut running = client.create_snapshot(0, None, false).await.unwrap();
+    // Once the partition is exported, its upload takes seconds.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.output().contains("Partition snapshot written") {
+        assert!(Instant::now() < deadline, "the publish did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut waiting = client.create_snapshot(0, None, false).await.unwrap();
+    let note = waiting.message().await.unwrap().expect("a first message");
+    assert_eq!(note.phase, "waiting", "{note:?}");
+    assert!(note.message.contains("partition 0"), "{note:?}");
+
+    let mut last = None;
+    while let Some(progress) = running.message().await.unwrap() {
+        last = progress.done;
+    }
+    let created = last.expect("the publish ends with what it published");
+    assert!(created.created && created.total_bytes >= BATCH_BYTES as u64);
+    let mut joined = None;
+    while let Some(progress) = waiting.message().await.unwrap() {
+        joined = progress.done;
+    }
+    // Nothing was written in between: the snapshot just published covers the second request.
+    let joined = joined.expect("the second call ends with a snapshot");
+    assert_eq!(joined.snapshot_id, created.snapshot_id);
+    assert!(!joined.created);
+}
+
+#[test]
+fn concurrent_exports_of_one_snapshot_are_identical_and_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), false);
+    let a = server.address.clone();
+    write_random(&a, "data", 6 * BATCH_BYTES);
+    let id = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+
+    let out = tempfile::tempdir().unwrap();
+    // A file of someone else's where the old export put its temporary file.
+    let unrelated = out.path().join("export-0.partial");
+    std::fs::write(&unrelated, b"not cairn's").unwrap();
+    let exports: Vec<_> = (0..3)
+        .map(|i| {
+            let tar = out.path().join(format!("export-{i}.tar"));
+            let child = Command::new(env!("CARGO_BIN_EXE_cairnctl"))
+                .args(["--address", &a, "snapshots", "export", &id, "-o"])
+                .arg(&tar)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (tar, child)
+        })
+        .collect();
+    let mut tars = Vec::new();
+    for (tar, child) in exports {
+        let stdout = ok(child.wait_with_output().unwrap());
+        assert!(
+            stdout.contains("every size and checksum matches"),
+            "{stdout}"
+        );
+        tars.push(std::fs::read(&tar).unwrap());
+    }
+    assert!(tars.len() == 3 && tars.iter().all(|t| t == &tars[0]));
+    assert!(tars[0].len() > 6 * BATCH_BYTES);
+    assert_eq!(std::fs::read(&unrelated).unwrap(), b"not cairn's");
+    // Only the three tars and the unrelated file: no temporary file is left.
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 4);
+    assert_eq!(scratch_files(&server), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_export_abandoned_mid_stream_leaves_nothing_on_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), false);
+    let a = server.address.clone();
+    let writer = a.clone();
+    tokio::task::spawn_blocking(move || write_random(&writer, "data", 8 * BATCH_BYTES))
+        .await
+        .unwrap();
+    let id = {
+        let a = a.clone();
+        tokio::task::spawn_blocking(move || {
+            created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])))
+        })
+        .await
+        .unwrap()
+    };
+    let client = Client::connect(&a, &ClientOptions::default())
+        .await
+        .unwrap();
+    let mut stream = client.export_snapshot(&id).await.unwrap();
+    let first = stream.message().await.unwrap().expect("a first chunk");
+    assert!(first.total_bytes > 8 * BATCH_BYTES as u64);
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // The export stops with its caller (it has more to send than the buffers hold) and its
+    // file goes.
+    while scratch_files(&server) > 0 || !server.output().contains("export abandoned by its caller")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the export's file stayed on the node ({} files), or it went on without its caller:\n{}",
+            scratch_files(&server),
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Files in the node's scratch folder.
+fn scratch_files(server: &Server) -> usize {
+    std::fs::read_dir(server.base_dir.join("tmp"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
