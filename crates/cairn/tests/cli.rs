@@ -225,3 +225,30 @@ fn row<'a>(table: &'a str, key: &str) -> &'a str {
         .find(|l| l.split_whitespace().next() == Some(key))
         .unwrap_or_else(|| panic!("no row {key} in\n{table}"))
 }
+
+/// Issue 8, item 9: AWS secret keys hold `/` and `+`, and a password may hold `#` or `?`. A
+/// destination with such credentials is refused, at the configuration check or when the
+/// repository is opened, without a character of the secret in the message or the log.
+#[test]
+fn a_destination_secret_with_url_delimiters_is_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_str().unwrap();
+    for destination in [
+        "s3://AKIDEXAMPLE:wJalrXUtn/FEMI+K7MDENG@bucket/prefix",
+        "S3://AKIDEXAMPLE:wJalrXUtn/FEMI+K7MDENG@bucket/prefix",
+        "s3://AKIDEXAMPLE:wJalrXUtn#FEMIK7MDENG@bucket/prefix",
+        "s3://AKIDEXAMPLE:wJalrXUtn?FEMIK7MDENG@bucket/prefix",
+        "file://AKIDEXAMPLE:wJalrXUtn/FEMIK7MDENG@localhost/data",
+    ] {
+        let out = run_cairn(
+            &["--base-dir", base, "--bind-address", "127.0.0.1:0"],
+            &[("CAIRN_WORKER__SNAPSHOTS__DESTINATION", destination)],
+        );
+        assert!(!out.status.success(), "{destination} was accepted");
+        let said = format!("{}{}", support::stdout(&out), stderr(&out));
+        assert!(said.contains("destination"), "{said}");
+        for secret in ["AKIDEXAMPLE", "wJalrXUtn", "FEMI", "K7MDENG"] {
+            assert!(!said.contains(secret), "{secret} shown:\n{said}");
+        }
+    }
+}

@@ -361,20 +361,10 @@ impl Config {
 }
 
 /// `destination` with the user info (`id:secret@`) and the query of its URL replaced by `***`,
-/// for messages and logs: a destination is never echoed with credentials.
+/// for messages and logs: a destination is never echoed with credentials. The repository's own
+/// rule, so that the configuration check and the repository redact alike.
 pub fn redact_credentials(destination: &str) -> String {
-    let Some((scheme, rest)) = destination.split_once("://") else {
-        return destination.to_string();
-    };
-    let (rest, query) = match rest.split_once(['?', '#']) {
-        Some((rest, _)) => (rest, "?***"),
-        None => (rest, ""),
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}{query}", &rest[at + 1..]),
-        None => format!("{scheme}://{rest}{query}"),
-    }
+    cairn_snapshots::redact_destination(destination)
 }
 
 /// Durations written as `"90s"`, `"10m"`, `"1h 30m"`.
@@ -558,6 +548,17 @@ mod tests {
             redact_credentials("s3://bucket/p?secret=x"),
             "s3://bucket/p?***"
         );
+        // Secrets with URL delimiters in them go whole.
+        for (given, shown) in [
+            ("s3://id:se/cr+et@bucket/p", "s3://***@bucket/p"),
+            ("S3://id:se#cret@bucket/p", "S3://***@bucket/p"),
+            ("s3://id:se?cret@bucket/p?q", "s3://***@bucket/p?***"),
+            ("s3://id:se@cret@bucket/p@q", "s3://***@bucket/p@q"),
+            ("s3:id:secret@bucket", "***@bucket"),
+            ("file:///data/a@b", "file:///data/a@b"),
+        ] {
+            assert_eq!(redact_credentials(given), shown, "{given}");
+        }
     }
 
     #[test]

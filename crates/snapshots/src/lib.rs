@@ -32,7 +32,7 @@ pub use repository::{
     DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LATEST_JSON_BYTES_MAX,
     LatestRead, LatestSnapshot, METADATA_JSON_BYTES_MAX, ProgressFn, PublishOptions, PublishReport,
     RepositoryOptions, RetainedSnapshot, SnapshotListing, SnapshotRepository, SnapshotSummary,
-    UnreadablePartition, VerifyReport, snapshot_folder,
+    UnreadablePartition, VerifyReport, redact_destination, snapshot_folder,
 };
 #[cfg(feature = "test-util")]
 pub use repository::{PublishStep, UploadReport};

@@ -797,17 +797,45 @@ fn parse_destination(destination: &str) -> Result<Destination> {
     }
 }
 
-/// The destination with anything that may be a secret (user info, query) cut out, for messages.
-fn redact_destination(destination: &str) -> String {
-    match url::Url::parse(destination) {
-        Ok(mut url) if url.scheme() != "file" => {
-            let _ = url.set_username("");
-            let _ = url.set_password(None);
-            url.set_query(None);
-            url.set_fragment(None);
-            url.to_string()
+/// `destination` with anything that may be a secret replaced by `***`, for messages and logs:
+/// the user info (`id:secret@`) and the query or fragment of a URL.
+///
+/// It works on the text, not on a parsed URL: credentials are what make a destination
+/// unparsable (AWS secret keys hold `/` and `+`, passwords `#` or `?`), and an unparsable one must
+/// not be echoed whole. Text up to the first `@` after the scheme is user info when it holds a
+/// `:` or no `/`; it ends at the last `@` of the authority that follows, so a secret with `/`,
+/// `#`, `?` or `@` in it goes whole. An `@` in a path (`s3://bucket/a@b`, `/data/a@b`) is kept.
+pub fn redact_destination(destination: &str) -> String {
+    let Some((scheme, rest)) = destination.split_once("://") else {
+        // An absolute path holds no credentials; anything else with an `@` might.
+        return match destination.rfind('@') {
+            Some(at) if !destination.starts_with('/') => {
+                format!("***@{}", cut_query(&destination[at + 1..]))
+            }
+            _ => destination.to_owned(),
+        };
+    };
+    let after_user_info = match rest.find('@') {
+        Some(first) if rest[..first].contains(':') || !rest[..first].contains('/') => {
+            let authority_end = rest[first..]
+                .find('/')
+                .map_or(rest.len(), |slash| first + slash);
+            let last = rest[..authority_end].rfind('@').unwrap_or(first);
+            Some(&rest[last + 1..])
         }
-        _ => destination.to_owned(),
+        _ => None,
+    };
+    match after_user_info {
+        Some(host) => format!("{scheme}://***@{}", cut_query(host)),
+        None => format!("{scheme}://{}", cut_query(rest)),
+    }
+}
+
+/// `text` with its query or fragment, if any, replaced by `?***`.
+fn cut_query(text: &str) -> String {
+    match text.split_once(['?', '#']) {
+        Some((before, _)) => format!("{before}?***"),
+        None => text.to_owned(),
     }
 }
 
