@@ -265,3 +265,87 @@ fn scratch_files(server: &Server) -> usize {
         .map(|d| d.count())
         .unwrap_or(0)
 }
+
+/// Sends `signal` (`-INT`, `-STOP`, …) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Hidden temporary files of `snapshots export` in `folder`.
+fn partial_exports(folder: &Path) -> Vec<String> {
+    std::fs::read_dir(folder)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .filter(|name| name.ends_with(".partial"))
+        .collect()
+}
+
+/// An operator who gives up on an export with Ctrl-C (or whose shell sends SIGTERM) is left
+/// with neither the output nor a hidden temporary file the size of the snapshot.
+#[test]
+fn an_export_interrupted_by_its_user_leaves_no_hidden_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), false);
+    let a = server.address.clone();
+    write_random(&a, "data", 4 * BATCH_BYTES);
+    let id = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+
+    let out = tempfile::tempdir().unwrap();
+    let tar = out.path().join("snap.tar");
+    for interrupt in ["-INT", "-TERM"] {
+        // The node holds still, as over a slow link: the export waits with its file open.
+        signal(server.pid(), "-STOP");
+        let client = Command::new(env!("CARGO_BIN_EXE_cairnctl"))
+            .args(["--address", &a, "snapshots", "export", &id, "-o"])
+            .arg(&tar)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_until(Duration::from_secs(30), "the export to start", || {
+            !partial_exports(out.path()).is_empty()
+        });
+        signal(client.id(), interrupt);
+        let output = client.wait_with_output().unwrap();
+        signal(server.pid(), "-CONT");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{interrupt}: {stderr}");
+        assert!(stderr.contains("interrupted"), "{interrupt}: {stderr}");
+        assert_eq!(
+            partial_exports(out.path()),
+            Vec::<String>::new(),
+            "{interrupt}"
+        );
+        assert!(!tar.exists(), "{interrupt}");
+    }
+}
+
+/// `-o` naming a folder is refused before anything is received, with what to give instead.
+#[test]
+fn an_export_onto_a_folder_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), false);
+    let a = server.address.clone();
+    write_random(&a, "data", BATCH_BYTES);
+    let id = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    let out = tempfile::tempdir().unwrap();
+    let folder = out.path().join("exports");
+    std::fs::create_dir(&folder).unwrap();
+    for target in [
+        folder.to_str().unwrap().to_string(),
+        format!("{}/", folder.display()),
+    ] {
+        let err = support::fails(cairnctl(&a, &["snapshots", "export", &id, "-o", &target]));
+        assert!(
+            err.contains("is a folder") && err.contains(&format!("{id}.tar")),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+    assert_eq!(partial_exports(out.path()), Vec::<String>::new());
+}

@@ -5,7 +5,8 @@
 //! so two exports, or an unrelated `FILE.partial`, never meet), then checked: the bytes received
 //! must be exactly the total the node announced, and every SST in the tar must have the size and
 //! xxh3-128 checksum that its `metadata.json` lists. Only then is it renamed to the output; on any
-//! failure it is removed and the output is left as it was.
+//! failure, and on Ctrl-C or SIGTERM, it is removed and the output is left as it was. Only a
+//! SIGKILL can leave it (`.<FILE>.<random>.partial`, next to `FILE`).
 
 use crate::output::show_bytes_count;
 use anyhow::{Context, bail, ensure};
@@ -28,12 +29,23 @@ pub(crate) async fn export_snapshot(
     snapshot_id: &str,
     output: &Path,
 ) -> anyhow::Result<()> {
+    if output.is_dir() {
+        bail!(
+            "{} is a folder; give -o a file name, such as {}",
+            output.display(),
+            output.join(format!("{snapshot_id}.tar")).display()
+        );
+    }
     let temp = temp_file_beside(output)?;
-    let received = receive(client, bar, snapshot_id, &temp).await?;
-    let path = temp.path().to_path_buf();
-    let check = tokio::task::spawn_blocking(move || check_tar(&path))
-        .await
-        .context("check the received tar")??;
+    // An interrupted export must not leave its temporary file behind (hidden, and as large as
+    // the snapshot): on Ctrl-C or SIGTERM the receive stops here and `temp` is removed on drop.
+    let (received, check) = tokio::select! {
+        done = receive_and_check(client, bar, snapshot_id, &temp) => done?,
+        signal = interrupted() => bail!(
+            "interrupted by {signal}; nothing was written to {} and the partial download is removed",
+            output.display()
+        ),
+    };
     // Once checked, the temporary file becomes the output in one rename.
     let persisted = tokio::task::spawn_blocking({
         let output = output.to_path_buf();
@@ -51,6 +63,37 @@ pub(crate) async fn export_snapshot(
         show_bytes_count(check.sst_bytes),
     );
     Ok(())
+}
+
+/// Receives the tar into `temp` and checks it; returns the bytes received and what the check found.
+async fn receive_and_check(
+    client: &Client,
+    bar: &indicatif::ProgressBar,
+    snapshot_id: &str,
+    temp: &tempfile::NamedTempFile,
+) -> anyhow::Result<(u64, TarCheck)> {
+    let received = receive(client, bar, snapshot_id, temp).await?;
+    let path = temp.path().to_path_buf();
+    let check = tokio::task::spawn_blocking(move || check_tar(&path))
+        .await
+        .context("check the received tar")??;
+    Ok((received, check))
+}
+
+/// Waits for Ctrl-C or SIGTERM and names it. If the handlers cannot be installed it never
+/// returns: the export then runs as it would without them.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "Ctrl-C",
+        _ = term.recv() => "SIGTERM",
+    }
 }
 
 /// A new, uniquely named file in the folder of `output`, removed when dropped.

@@ -120,6 +120,11 @@ impl Server {
         })
     }
 
+    /// The process id, for tests that send it signals (`SIGSTOP` to hold it mid-answer).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn output(&self) -> String {
         self.output.lock().unwrap().clone()
     }
