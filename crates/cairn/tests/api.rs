@@ -270,3 +270,63 @@ async fn requests_out_of_range_are_refused_as_the_callers_mistake() {
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 }
+
+/// Requests at the request bound exactly are served, one byte past it refused naming it; and
+/// what was written at the bound can be read back in one request.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_at_the_byte_bound_are_served_and_read_back() {
+    const MAX: usize = cairn_types::limits::BATCH_BYTES_MAX;
+    const VALUE_MAX: usize = cairn_types::limits::VALUE_BYTES_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+
+    // 16 one-byte keys, each with a value one byte short of the largest: exactly 16 MiB stored.
+    let keys: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![b'a' + i])).collect();
+    let value = Bytes::from(vec![7u8; VALUE_MAX - 1]);
+    assert_eq!(keys.len() * (1 + value.len()), MAX);
+    let inserted = client
+        .insert_if_absent(keys.clone(), value.clone(), None)
+        .await
+        .unwrap();
+    assert!(inserted.iter().all(|&i| i), "{inserted:?}");
+    // One byte more in one key is past the bound.
+    let mut over = keys.clone();
+    over[0] = b("zz");
+    refused(
+        client.insert_if_absent(over, value.clone(), None).await,
+        &format!("the limit is {MAX} bytes"),
+    );
+    // A put of the same bytes, at the bound and one past it.
+    let entries = |keys: &[Bytes]| {
+        keys.iter()
+            .map(|k| entry(k.clone(), value.clone()))
+            .collect()
+    };
+    let put_keys: Vec<Bytes> = (0..16u8).map(|i| Bytes::from(vec![b'A' + i])).collect();
+    client.put(entries(&put_keys)).await.unwrap();
+    let mut over = put_keys.clone();
+    over[0] = b("ZZ");
+    refused(
+        client.put(entries(&over)).await,
+        &format!("the limit is {MAX} bytes"),
+    );
+
+    // Everything written in one request at the bound is read back in one request.
+    let values = client.get(keys.clone()).await.unwrap();
+    assert!(values.iter().all(|v| v.as_ref() == Some(&value)));
+    // Both requests' keys at once: twice the bound in values, more than any answer can carry.
+    // Refused as the caller's to split, with the bound, not an encoder's error.
+    let mut both = keys.clone();
+    both.extend(put_keys.clone());
+    refused(
+        client.get(both).await,
+        &format!("more than {MAX} bytes, the limit for one answer; split the request"),
+    );
+    // Existence needs no values: any number of keys.
+    let mut many: Vec<Bytes> = keys.clone();
+    many.extend(put_keys);
+    assert!(client.exists(many).await.unwrap().iter().all(|&e| e));
+}

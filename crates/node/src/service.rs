@@ -11,6 +11,7 @@ use bytes::Bytes;
 use cairn_api::v1;
 use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
+use cairn_types::limits::{BATCH_BYTES_MAX, VALUE_BYTES_MAX};
 use cairn_types::record::PutEntry;
 use cairn_types::{Lsn, PartitionId, partition_key};
 use cairn_worker::{Partition, RestoreStep, SnapshotProducer};
@@ -128,6 +129,31 @@ impl KeyValueService {
             .map_err(status_of)
     }
 
+    /// The values of `keys`, in request order, refused once they add up to more than a request
+    /// may carry: a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an
+    /// answer that no gRPC message can hold. Keys are read a few at a time, so no more than one
+    /// chunk's values past the bound are ever held.
+    fn get_within_bound(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Status> {
+        /// Keys read between two checks of the total: at most 16 MiB of values.
+        const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
+        let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+        let mut out = vec![None; keys.len()];
+        let mut total = 0usize;
+        for (pid, indices) in groups {
+            let partition = self.partition(pid)?;
+            for chunk in indices.chunks(CHUNK) {
+                let mine: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
+                let values = partition.get(&mine).map_err(status_of)?;
+                total += values.iter().flatten().map(Bytes::len).sum::<usize>();
+                validate::answer_bytes(total, keys.len())?;
+                for (&index, value) in chunk.iter().zip(values) {
+                    out[index] = value;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
     /// per-key answers back in request order.
     async fn scatter<T, F, Fut>(&self, keys: &[Bytes], per_partition: F) -> Result<Vec<T>, Status>
@@ -193,13 +219,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::GetResponse>, Status> {
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let keys_ref = &keys;
-        let values = self
-            .scatter(&keys, |partition, indices| async move {
-                let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
-                partition.get(&mine)
-            })
-            .await?;
+        let values = self.get_within_bound(&keys)?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
