@@ -252,3 +252,36 @@ fn a_destination_secret_with_url_delimiters_is_never_shown() {
         }
     }
 }
+
+/// TTLs at the edges, as an operator types them: `10y` is within the "10 years" the limit names;
+/// a TTL under a millisecond (the protocol's unit) is refused by `cairnctl` for what it is,
+/// rather than sent as 0 and refused as "ttl_ms is 0", and one past 10 years names the bound.
+#[test]
+fn ttls_at_their_edges_through_cairnctl() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let a = server.address.clone();
+    for ttl in ["10y", "3652d", "1ms"] {
+        let out = ok(cairnctl(
+            &a,
+            &["kv", "insert-if-absent", &format!("k-{ttl}"), "--ttl", ttl],
+        ));
+        assert!(row(&out, &format!("k-{ttl}")).contains("true"), "{out}");
+        ok(cairnctl(
+            &a,
+            &["kv", "put", &format!("p-{ttl}"), "v", "--ttl", ttl],
+        ));
+    }
+    for ttl in ["500us", "999999ns"] {
+        let out = cairnctl(&a, &["kv", "put", "short", "v", "--ttl", ttl]);
+        let err = fails(out);
+        assert!(
+            err.contains("shorter than 1 millisecond") && !err.contains("ttl_ms"),
+            "{ttl}: {err}"
+        );
+    }
+    let err = fails(cairnctl(&a, &["kv", "put", "long", "v", "--ttl", "11y"]));
+    assert!(err.contains("10 years"), "{err}");
+    let got = fails(cairnctl(&a, &["kv", "get", "short"]));
+    assert!(got.contains("not found"), "{got}");
+}

@@ -158,6 +158,10 @@ fn parse_ttl(text: &str) -> anyhow::Result<Duration> {
     let ttl = humantime::parse_duration(text).map_err(|e| {
         anyhow::anyhow!("{text:?} is not a duration ({e}); write it like 30s, 10m or 1h")
     })?;
+    // Sent as 0 it would be refused as "ttl_ms is 0", which is not what the operator typed.
+    if ttl < Duration::from_millis(1) && !ttl.is_zero() {
+        anyhow::bail!("{text} is shorter than 1 millisecond, the unit of TTLs; give at least 1ms");
+    }
     if u64::try_from(ttl.as_millis()).is_err() {
         anyhow::bail!(
             "{text} is out of range: a TTL must fit in 64-bit milliseconds; give a shorter one (nodes accept up to 10 years)"

@@ -9,5 +9,6 @@ pub const VALUE_BYTES_MAX: usize = 1024 * 1024;
 pub const BATCH_KEYS_MAX: usize = 10_000;
 /// Largest sum of key and value bytes in one batch request.
 pub const BATCH_BYTES_MAX: usize = 16 * 1024 * 1024;
-/// Longest TTL, in milliseconds (10 years).
-pub const TTL_MS_MAX: u64 = 10 * 365 * 24 * 3600 * 1000;
+/// Longest TTL, in milliseconds: 10 years of 365.25 days, as `10y` reads in the human
+/// durations that `cairnctl` and the configuration take.
+pub const TTL_MS_MAX: u64 = 10 * 31_557_600 * 1000;
