@@ -304,6 +304,9 @@ impl Config {
                 redact_credentials(destination)
             )));
         }
+        if let Some(endpoint) = &snapshots.endpoint_url {
+            check_endpoint_url(endpoint)?;
+        }
         if snapshots.num_retained == 0 {
             return Err(ConfigError(
                 "worker.snapshots.num-retained is 0: keep at least 1 snapshot per partition".into(),
@@ -357,6 +360,40 @@ impl Config {
     /// Whether the node has a snapshot repository.
     pub fn snapshots_enabled(&self) -> bool {
         self.worker.snapshots.destination.as_deref() != Some(NO_DESTINATION)
+    }
+}
+
+/// `worker.snapshots.endpoint-url` must be a plain `http(s)://host[:port][/path]`. Credentials
+/// in it would be shown in every request error that object_store reports (and one with a `/`
+/// makes its request signer panic), so they are refused, redacted, like a destination's.
+fn check_endpoint_url(endpoint: &str) -> Result<(), ConfigError> {
+    let refused = |reason: &str| {
+        ConfigError(format!(
+            "worker.snapshots.endpoint-url {:?} {reason}",
+            redact_credentials(endpoint)
+        ))
+    };
+    let Some((_, rest)) = endpoint.split_once("://") else {
+        // Not shown: what is not a URL cannot be told apart from a pasted secret.
+        return Err(ConfigError(
+            "worker.snapshots.endpoint-url is not a URL; write it like http://127.0.0.1:9000"
+                .into(),
+        ));
+    };
+    if redact_credentials(endpoint).contains("***") || rest.contains('@') {
+        return Err(refused(
+            "holds credentials or a query; give the bare URL (http://host:port) and the \
+             credentials in the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
+        ));
+    }
+    match url::Url::parse(endpoint) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => Ok(()),
+        Ok(_) => Err(refused(
+            "is not an http:// or https:// URL with a host; write it like http://127.0.0.1:9000",
+        )),
+        Err(e) => Err(refused(&format!(
+            "is not a URL ({e}); write it like http://127.0.0.1:9000"
+        ))),
     }
 }
 
