@@ -360,3 +360,45 @@ async fn a_restore_refuses_an_object_larger_than_declared_without_copying_it() {
     assert!(staged <= declared + 1, "{staged} bytes staged");
     assert_keys_there(&a, &keys).await;
 }
+
+/// One retained snapshot whose `metadata.json` is gone must not hide the partition's other
+/// snapshots, including the ones published after it: `snapshots list` shows them, names the bad
+/// one on stderr and exits non-zero.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_metadata_json_hides_only_its_own_snapshot() {
+    let base = tempfile::tempdir().unwrap();
+    let repository = base.path().join("pp-snapshots");
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        put_keys(&a, &keys_of_partition(&format!("r{round}"), 0, 20), 10).await;
+        ids.push(created_id(&ok(cairnctl(
+            &a,
+            &["snapshots", "create", "-p", "0"],
+        ))));
+    }
+    let folders = repository.join("0").join("snapshots");
+    let damaged = std::fs::read_dir(&folders)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(&ids[1]))
+        .unwrap();
+    std::fs::remove_file(damaged.join("metadata.json")).unwrap();
+
+    put_keys(&a, &keys_of_partition("after", 0, 20), 10).await;
+    let after = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    let listed = cairnctl(&a, &["snapshots", "list", "-p", "0"]);
+    let stdout = support::stdout(&listed);
+    let stderr = support::stderr(&listed);
+    for id in [&ids[0], &ids[2], &after] {
+        assert!(stdout.contains(id.as_str()), "{id} not listed:\n{stdout}");
+    }
+    assert!(!stdout.contains(&ids[1]), "{stdout}");
+    assert!(
+        stderr.contains(&ids[1]) && stderr.contains("metadata.json is missing"),
+        "{stderr}"
+    );
+    assert!(!listed.status.success());
+    ok(cairnctl(&a, &["snapshots", "verify", &after]));
+}

@@ -118,9 +118,14 @@ async fn snapshots(
                 );
             }
             if !response.unreadable.is_empty() {
+                let partitions: std::collections::BTreeSet<u32> = response
+                    .unreadable
+                    .iter()
+                    .map(|bad| bad.partition_id)
+                    .collect();
                 bail!(
-                    "the snapshots of {} partition(s) could not be read; see above",
-                    response.unreadable.len()
+                    "snapshots of {} partition(s) could not be read; see above",
+                    partitions.len()
                 );
             }
         }

@@ -240,8 +240,9 @@ pub struct SnapshotSummary {
 pub struct SnapshotListing {
     /// Newest first within each partition, partitions in ascending order.
     pub snapshots: Vec<SnapshotSummary>,
-    /// Partitions left out because their `latest.json` or a retained `metadata.json` could not
-    /// be read; the others are listed all the same.
+    /// Partitions left out because their `latest.json` could not be read, and snapshots left
+    /// out because their `metadata.json` could not be (one entry each, naming it); everything
+    /// else is listed all the same.
     pub unreadable: Vec<UnreadablePartition>,
 }
 
@@ -554,9 +555,10 @@ impl SnapshotRepository {
     }
 
     /// This cluster's visible snapshots of one partition, or of all, newest first within each
-    /// partition and partitions in ascending order. A partition whose `latest.json` or retained
-    /// `metadata.json` cannot be read is reported in [`SnapshotListing::unreadable`], not listed;
-    /// only failing to list the partitions fails the call.
+    /// partition and partitions in ascending order. A partition whose `latest.json` cannot be
+    /// read, and each snapshot whose `metadata.json` cannot be, is reported in
+    /// [`SnapshotListing::unreadable`]; everything else is listed. Only failing to list the
+    /// partitions fails the call.
     pub async fn list(&self, partition: Option<PartitionId>) -> Result<SnapshotListing> {
         let partitions = match partition {
             Some(partition) => vec![partition],
@@ -564,28 +566,31 @@ impl SnapshotRepository {
         };
         let mut listing = SnapshotListing::default();
         for partition in partitions {
-            match self.list_partition_snapshots(partition).await {
-                Ok(listed) => listing.snapshots.extend(listed),
-                Err(error) => listing.unreadable.push(UnreadablePartition {
-                    partition_id: partition,
-                    error,
-                }),
-            }
+            self.list_partition_snapshots(partition, &mut listing).await;
         }
         Ok(listing)
     }
 
+    /// Adds `partition`'s snapshots to `listing`: one unreadable `metadata.json` hides its own
+    /// snapshot only, not the partition's others.
     async fn list_partition_snapshots(
         &self,
         partition: PartitionId,
-    ) -> Result<Vec<SnapshotSummary>> {
-        let Some(latest) = self.latest(partition).await? else {
-            return Ok(Vec::new());
+        listing: &mut SnapshotListing,
+    ) {
+        let unreadable = |error| UnreadablePartition {
+            partition_id: partition,
+            error,
         };
-        futures::stream::iter(latest.retained)
+        let latest = match self.latest(partition).await {
+            Ok(Some(latest)) => latest,
+            Ok(None) => return,
+            Err(error) => return listing.unreadable.push(unreadable(error)),
+        };
+        let summaries: Vec<Result<SnapshotSummary>> = futures::stream::iter(latest.retained)
             .map(|retained| async move {
                 let (_, metadata) = self.read_metadata(partition, &retained).await?;
-                Ok::<_, Error>(SnapshotSummary {
+                Ok(SnapshotSummary {
                     snapshot_id: metadata.snapshot_id,
                     partition_id: partition,
                     min_applied_lsn: metadata.min_applied_lsn,
@@ -598,8 +603,14 @@ impl SnapshotRepository {
                 })
             })
             .buffered(self.transfer_concurrency)
-            .try_collect()
-            .await
+            .collect()
+            .await;
+        for summary in summaries {
+            match summary {
+                Ok(summary) => listing.snapshots.push(summary),
+                Err(error) => listing.unreadable.push(unreadable(error)),
+            }
+        }
     }
 
     /// The metadata of a visible snapshot of `partition`.
