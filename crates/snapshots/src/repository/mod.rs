@@ -123,7 +123,7 @@ pub use upload::UploadReport;
 use crate::{ClusterIdentity, Error, Result, SnapshotId, SnapshotMetadata};
 use bytes::Bytes;
 use cairn_types::{Lsn, PartitionId};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use latest::LatestWriter;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
