@@ -366,3 +366,33 @@ fn an_endpoint_url_with_credentials_is_refused_at_start() {
         }
     }
 }
+
+/// A node waiting on an unreachable S3 repository answers nothing within the request timeout;
+/// `cairnctl` then says which timeout ran out and how to allow more, not "Timeout expired".
+#[test]
+fn a_request_timeout_says_which_bound_ran_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        dir.path(),
+        &[],
+        &[
+            ("CAIRN_WORKER__SNAPSHOTS__DESTINATION", "s3://bucket/prefix"),
+            // Nothing listens on port 1: every request to the repository is retried, then fails.
+            (
+                "CAIRN_WORKER__SNAPSHOTS__ENDPOINT_URL",
+                "http://127.0.0.1:1",
+            ),
+            ("CAIRN_WORKER__SNAPSHOTS__ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "id"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ],
+    );
+    let err = fails(cairnctl(
+        &server.address,
+        &["--request-timeout", "500", "snapshots", "list", "-p", "0"],
+    ));
+    assert!(
+        err.contains("no answer within 500 ms") && err.contains("--request-timeout"),
+        "{err}"
+    );
+}

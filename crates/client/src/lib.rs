@@ -74,6 +74,8 @@ pub struct PutEntry {
 #[derive(Clone)]
 pub struct Client {
     address: String,
+    /// How long a call may take to start answering; named when it runs out.
+    request_timeout: Duration,
     kv: KeyValueClient<Channel>,
     admin: AdminClient<Channel>,
 }
@@ -102,6 +104,7 @@ impl Client {
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX),
             address,
+            request_timeout: options.request_timeout,
         })
     }
 
@@ -112,8 +115,22 @@ impl Client {
     fn rpc(&self, status: tonic::Status) -> Error {
         Error::Rpc {
             address: self.address.clone(),
-            status,
+            status: self.explain_timeout(status),
         }
+    }
+
+    /// The channel's own timeout answers a bare "Timeout expired"; say which bound ran out and
+    /// what to do. Statuses from the node pass unchanged.
+    fn explain_timeout(&self, status: tonic::Status) -> tonic::Status {
+        if status.code() != Code::Cancelled || status.message() != "Timeout expired" {
+            return status;
+        }
+        tonic::Status::deadline_exceeded(format!(
+            "no answer within {} ms, the request timeout; the node may be waiting on its snapshot \
+             repository or its disk (see its log): allow longer with --request-timeout \
+             (ClientOptions::request_timeout)",
+            self.request_timeout.as_millis()
+        ))
     }
 
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {

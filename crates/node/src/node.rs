@@ -282,9 +282,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         metrics,
         config,
     });
-    for p in 0..cluster.num_partitions {
-        state.refresh_archived_lsn(PartitionId(p)).await;
-    }
+    load_archived_lsns(&state).await;
     let cancel = CancellationToken::new();
     let server = serve_grpc(state.clone(), listener, cancel.clone());
     info!(
@@ -306,6 +304,34 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         background,
         _lock: lock,
     })
+}
+
+/// How long start-up waits for the repository to say what each partition's snapshots cover.
+const ARCHIVED_LSN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Partitions whose `latest.json` is read at once at start-up.
+const ARCHIVED_LSN_READS: usize = 8;
+
+/// Reads every partition's archived LSN, for at most [`ARCHIVED_LSN_WAIT`]: an unreachable
+/// repository retries every read for seconds, and key-value service must not wait minutes for
+/// it. What is not read by then goes on in the background; until then that partition has no
+/// archived LSN, which only makes trims ask for `--force`.
+async fn load_archived_lsns(state: &Arc<NodeState>) {
+    let reading = state.clone();
+    let task = tokio::spawn(async move {
+        use futures::StreamExt;
+        let partitions = 0..reading.cluster.num_partitions;
+        futures::stream::iter(partitions)
+            .for_each_concurrent(ARCHIVED_LSN_READS, |p| {
+                let reading = reading.clone();
+                async move { reading.refresh_archived_lsn(PartitionId(p)).await }
+            })
+            .await;
+    });
+    if tokio::time::timeout(ARCHIVED_LSN_WAIT, task).await.is_err() {
+        tracing::warn!(
+            "the snapshot repository did not say within {ARCHIVED_LSN_WAIT:?} what every partition's snapshots cover; serving meanwhile (trims past an unknown archived LSN need --force) and reading on in the background"
+        );
+    }
 }
 
 /// Binds the gRPC port first: a node that cannot serve should fail before it touches its data.
