@@ -113,6 +113,12 @@ async fn a_recreated_cluster_does_not_trust_the_old_clusters_snapshots() {
         "{list}"
     );
     assert_keys_there(&a, &ours).await;
+    // The old snapshot is refused by name, as the other cluster's, not as missing.
+    let err = fails(cairnctl(&a, &["snapshots", "verify", &old_snapshot]));
+    assert!(
+        err.contains("taken by another cluster sharing it") && err.contains("partition 0"),
+        "{err}"
+    );
     server.stop();
 
     // Nothing is lost after a restart, nor after dropping the store and restoring it; the old

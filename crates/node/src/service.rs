@@ -67,7 +67,9 @@ fn snapshot_status(err: cairn_snapshots::Error) -> Status {
     use cairn_snapshots::Error as E;
     match &err {
         E::InvalidSnapshotId { .. } => Status::invalid_argument(err.to_string()),
-        E::SnapshotNotFound { .. } => Status::not_found(err.to_string()),
+        E::SnapshotNotFound { .. } | E::SnapshotOfAnotherCluster { .. } => {
+            Status::not_found(err.to_string())
+        }
         E::BadFile { .. }
         | E::MetadataMissing { .. }
         | E::MalformedMetadata { .. }

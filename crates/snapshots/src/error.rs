@@ -49,6 +49,24 @@ pub enum Error {
         destination: String,
     },
 
+    /// The snapshot is retained, but by another cluster sharing the repository (one of the same
+    /// name re-created on a reset base dir): its LSNs name other records, so this cluster does
+    /// not use it.
+    #[error(
+        "snapshot {snapshot_id} (partition {partition}) in the repository at {destination} was \
+         taken by another cluster sharing it ({}), not by this one ({ours}); a cluster never \
+         verifies, exports or restores another's snapshots: `cairnctl snapshots list` shows this \
+         cluster's",
+        .theirs.as_ref().map_or_else(|| "one that did not record its identity".to_string(), |c| c.to_string())
+    )]
+    SnapshotOfAnotherCluster {
+        snapshot_id: SnapshotId,
+        partition: PartitionId,
+        destination: String,
+        theirs: Option<crate::ClusterIdentity>,
+        ours: crate::ClusterIdentity,
+    },
+
     /// `find` did not find the snapshot, but some partitions could not be searched.
     #[error(
         "snapshot {snapshot_id} is not in any readable partition of the repository at \

@@ -46,7 +46,7 @@ async fn a_recreated_cluster_counts_only_its_own_snapshots_and_deletes_none_of_t
     assert!(new.list(None).await.unwrap().snapshots.is_empty());
     assert!(matches!(
         new.find(theirs.id()).await,
-        Err(Error::SnapshotNotFound { .. })
+        Err(Error::SnapshotOfAnotherCluster { partition, .. }) if partition == P
     ));
 
     // Its first snapshot, at LSN 50, is published although the old cluster's is at 301, and a

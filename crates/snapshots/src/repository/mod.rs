@@ -650,29 +650,43 @@ impl SnapshotRepository {
     ) -> Result<(PartitionId, RetainedSnapshot)> {
         let partitions = self.partitions().await?;
         let mut latests = futures::stream::iter(partitions)
-            .map(|partition| async move { (partition, self.latest(partition).await) })
+            .map(|partition| async move { (partition, self.read_latest(partition).await) })
             .buffered(self.transfer_concurrency);
         let mut unreadable: Vec<(PartitionId, Error)> = Vec::new();
-        while let Some((partition, latest)) = latests.next().await {
-            let latest = match latest {
-                Ok(latest) => latest,
+        let mut of_another_cluster = None;
+        while let Some((partition, read)) = latests.next().await {
+            let Some(latest) = (match read {
+                Ok(read) => read.latest,
                 Err(error) => {
                     tracing::warn!(%partition, %error, "cannot read latest.json; searching the other partitions");
                     unreadable.push((partition, error));
                     continue;
                 }
+            }) else {
+                continue;
             };
-            let found = latest.and_then(|latest| {
-                latest
-                    .retained
-                    .into_iter()
-                    .find(|r| r.snapshot_id == snapshot_id)
-            });
-            if let Some(retained) = found {
-                return Ok((partition, retained));
+            let found = latest
+                .retained
+                .iter()
+                .find(|r| r.snapshot_id == snapshot_id);
+            match found {
+                Some(retained) if retained.is_of(&self.cluster) => {
+                    return Ok((partition, retained.clone()));
+                }
+                Some(retained) => of_another_cluster = Some((partition, retained.cluster.clone())),
+                None => {}
             }
         }
         let destination = self.destination();
+        if let Some((partition, theirs)) = of_another_cluster {
+            return Err(Error::SnapshotOfAnotherCluster {
+                snapshot_id,
+                partition,
+                destination,
+                theirs,
+                ours: self.cluster.clone(),
+            });
+        }
         let mut unreadable = unreadable.into_iter();
         match unreadable.next() {
             None => Err(Error::SnapshotNotFound {
