@@ -57,14 +57,15 @@ pub enum Error {
          taken by another cluster sharing it ({}), not by this one ({ours}); a cluster never \
          verifies, exports or restores another's snapshots: `cairnctl snapshots list` shows this \
          cluster's",
-        .theirs.as_ref().map_or_else(|| "one that did not record its identity".to_string(), |c| c.to_string())
+        .theirs.as_ref().as_ref().map_or_else(|| "one that did not record its identity".to_string(), |c| c.to_string())
     )]
     SnapshotOfAnotherCluster {
         snapshot_id: SnapshotId,
         partition: PartitionId,
         destination: String,
-        theirs: Option<crate::ClusterIdentity>,
-        ours: crate::ClusterIdentity,
+        /// Boxed, as they are rare and would make every `Result` of this crate larger.
+        theirs: Box<Option<crate::ClusterIdentity>>,
+        ours: Box<crate::ClusterIdentity>,
     },
 
     /// `find` did not find the snapshot, but some partitions could not be searched.

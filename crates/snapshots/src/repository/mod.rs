@@ -683,8 +683,8 @@ impl SnapshotRepository {
                 snapshot_id,
                 partition,
                 destination,
-                theirs,
-                ours: self.cluster.clone(),
+                theirs: Box::new(theirs),
+                ours: Box::new(self.cluster.clone()),
             });
         }
         let mut unreadable = unreadable.into_iter();
