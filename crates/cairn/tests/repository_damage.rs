@@ -408,3 +408,102 @@ async fn a_missing_metadata_json_hides_only_its_own_snapshot() {
     assert!(!listed.status.success());
     ok(cairnctl(&a, &["snapshots", "verify", &after]));
 }
+
+/// A base dir put back from an older copy of itself (same cluster): the repository holds this
+/// cluster's snapshots of records the log no longer has, and the log goes on with other records
+/// at those LSNs. Those snapshots cover nothing of it: no "already covered", no trim or drop on
+/// their strength.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_base_dir_put_back_from_an_older_copy_does_not_trust_newer_snapshots() {
+    let shared = tempfile::tempdir().unwrap();
+    let repository = shared.path().join("repository");
+    let destination = repository.to_str().unwrap().to_string();
+    let env = [("CAIRN_WORKER__SNAPSHOTS__DESTINATION", destination.as_str())];
+    let base = tempfile::tempdir().unwrap();
+    let copy = shared.path().join("copy");
+
+    let before = keys_of_partition("before", 0, 5);
+    let server = Server::start_with(base.path(), &[], &env);
+    put_keys(&server.address, &before, 1).await;
+    server.stop();
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(base.path())
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+
+    // The lost future: 30 more records, snapshotted.
+    let lost = keys_of_partition("lost", 0, 30);
+    let server = Server::start_with(base.path(), &[], &env);
+    put_keys(&server.address, &lost, 1).await;
+    let newer = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    )));
+    let newer_lsn: u64 = partition_columns(&server.address, 0)[ARCHIVED]
+        .parse()
+        .unwrap();
+    server.stop();
+
+    // The old copy is put back, and the node goes on from it.
+    std::fs::remove_dir_all(base.path()).unwrap();
+    let put_back = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&copy)
+        .arg(base.path())
+        .status()
+        .unwrap();
+    assert!(put_back.success());
+    let after = keys_of_partition("after", 0, 2);
+    let server = Server::start_with(base.path(), &[], &env);
+    let a = server.address.clone();
+    put_keys(&a, &after, 1).await;
+    let tail: u64 = partition_columns(&a, 0)[TAIL].parse().unwrap();
+    assert!(tail < newer_lsn, "tail {tail}, snapshot at {newer_lsn}");
+
+    // Trimming on the strength of the newer snapshot is refused.
+    let err = fails(cairnctl(
+        &a,
+        &["-y", "logs", "trim", "-l", "0", "-t", &tail.to_string()],
+    ));
+    assert!(
+        err.contains("past this log's tail") && err.contains("--force"),
+        "{err}"
+    );
+
+    // A snapshot request neither answers that the newer snapshot covers it nor publishes an
+    // older one over it: it says what happened and what to do.
+    let err = fails(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
+    assert!(
+        err.contains("past this log's tail") && err.contains(&newer),
+        "{err}"
+    );
+    // Trimmed anyway: the store is now the only copy of those records. Dropping it is refused,
+    // since a restore would refuse the only snapshot, which is past the log's tail.
+    ok(cairnctl(
+        &a,
+        &[
+            "-y",
+            "logs",
+            "trim",
+            "-l",
+            "0",
+            "-t",
+            &tail.to_string(),
+            "--force",
+        ],
+    ));
+    server.stop();
+    let err = fails(run_drop_partition(base.path(), 0, &env));
+    assert!(
+        err.contains("past the log's tail") && err.contains("--force"),
+        "{err}"
+    );
+    let server = Server::start_with(base.path(), &[], &env);
+    let a = server.address.clone();
+    assert_keys_there(&a, &before).await;
+    assert_keys_there(&a, &after).await;
+    server.stop();
+}

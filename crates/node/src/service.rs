@@ -462,14 +462,28 @@ impl v1::admin_server::Admin for AdminService {
         if !request.force {
             self.state.refresh_archived_lsn(slot.id()).await;
             let archived = self.state.archived_lsn(slot.id());
-            if archived.is_none_or(|archived| requested > archived) {
-                let covered = match archived {
-                    Some(archived) => format!(
+            let tail = slot
+                .log()
+                .state()
+                .await
+                .map_err(|e| log_status(&e, format!("read the state of log {}: {e}", slot.id())))?
+                .tail;
+            // Snapshots past the log's tail hold records this log does not (its base dir was put
+            // back from an older copy): they cover nothing of what the log holds now.
+            let ahead = archived.filter(|archived| *archived > tail);
+            if ahead.is_some() || archived.is_none_or(|archived| requested > archived) {
+                let covered = match (ahead, archived) {
+                    (Some(ahead), _) => format!(
+                        "this cluster's snapshots of partition {} reach LSN {ahead}, past this log's tail {tail}, so they hold records this log does not (was the base dir put back from an older copy?) and cover none of its records",
+                        slot.id()
+                    ),
+                    (None, Some(archived)) => format!(
                         "snapshots cover log {} only up to LSN {archived} (the archived LSN)",
                         slot.id()
                     ),
-                    None => format!("no snapshot covers log {}", slot.id()),
+                    (None, None) => format!("no snapshot covers log {}", slot.id()),
                 };
+                let archived = archived.filter(|_| ahead.is_none());
                 let first_lost = archived.unwrap_or(Lsn::ZERO).next();
                 let remedy = if self.state.snapshots.is_some() {
                     format!(

@@ -74,7 +74,8 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
             .open(cairn_types::LogId::from(partition))
             .await
             .with_context(|| format!("open the log of partition {partition}"))?;
-        let trim_point = log.state().await?.trim_point;
+        let log_state = log.state().await?;
+        let (trim_point, tail) = (log_state.trim_point, log_state.tail);
         if trim_point == Lsn::ZERO {
             return Ok(()); // the whole log is there to replay
         }
@@ -104,6 +105,13 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
             .await
             .context("read the snapshot repository")?;
         match latest {
+            // A snapshot past the log's tail is refused by restore: it holds records this log
+            // does not (the base dir was put back from an older copy).
+            Some(latest) if latest.min_applied_lsn > tail => bail!(
+                "the log of partition {partition} is trimmed up to LSN {trim_point} and its newest snapshot ({}) is at LSN {}, past the log's tail {tail}: it holds records this log does not (was the base dir put back from an older copy?), so a restore cannot use it and this store is the only copy of records up to {trim_point}; snapshot the partition first, or {force}",
+                latest.snapshot_id,
+                latest.min_applied_lsn
+            ),
             Some(latest) if latest.min_applied_lsn >= trim_point => Ok(()),
             Some(latest) => bail!(
                 "the log of partition {partition} is trimmed up to LSN {trim_point} but its newest snapshot ({}) covers only up to LSN {}: this store is the only copy of records {}..={trim_point}; snapshot the partition first, or {force}",

@@ -106,16 +106,16 @@ impl SnapshotProducer {
         let _one_at_a_time = lock.lock().await;
 
         let wanted = min_lsn.unwrap_or_else(|| partition.applied_lsn());
-        if let Some(existing) = self.covering(id, wanted).await? {
-            info!(partition = %id, snapshot_id = %existing.snapshot_id, lsn = %existing.lsn, "latest snapshot already covers LSN {wanted}");
-            return Ok(existing);
-        }
         let tail = partition
             .log()
             .state()
             .await
             .map_err(|e| snapshot_error(id, "read log state", e))?
             .tail;
+        if let Some(existing) = self.covering(id, wanted, tail).await? {
+            info!(partition = %id, snapshot_id = %existing.snapshot_id, lsn = %existing.lsn, "latest snapshot already covers LSN {wanted}");
+            return Ok(existing);
+        }
         if wanted > tail {
             return Err(Error::Snapshot {
                 partition: id,
@@ -231,8 +231,14 @@ impl SnapshotProducer {
         }
     }
 
-    /// This cluster's latest snapshot of `partition` if it covers `lsn`.
-    async fn covering(&self, partition: PartitionId, lsn: Lsn) -> Result<Option<CreatedSnapshot>> {
+    /// This cluster's latest snapshot of `partition` if it covers `lsn`. Refuses when that
+    /// snapshot reaches past the log's `tail`: it is of records this log no longer has.
+    async fn covering(
+        &self,
+        partition: PartitionId,
+        lsn: Lsn,
+        tail: Lsn,
+    ) -> Result<Option<CreatedSnapshot>> {
         let Some(latest) = self
             .repository
             .latest(partition)
@@ -243,6 +249,25 @@ impl SnapshotProducer {
         };
         if latest.min_applied_lsn < lsn {
             return Ok(None);
+        }
+        if latest.min_applied_lsn > tail {
+            // The snapshot holds records this log does not: the base dir was put back from an
+            // older copy, and the log goes on with other records at those LSNs. It covers nothing
+            // of this log, and a snapshot of this log would be older than it, which the
+            // repository refuses (it only moves forward): an operator must decide.
+            return Err(Error::Snapshot {
+                partition,
+                context: "create snapshot",
+                source: format!(
+                    "this cluster's newest snapshot of the partition ({}) is at LSN {}, past this \
+                     log's tail {tail}: it holds records this log does not (was the base dir put \
+                     back from an older copy?). A snapshot of this log would be older than it; \
+                     remove the partition's snapshots from the repository, or point \
+                     worker.snapshots.destination elsewhere, to snapshot this log",
+                    latest.snapshot_id, latest.min_applied_lsn
+                )
+                .into(),
+            });
         }
         let metadata = self
             .repository
