@@ -422,3 +422,66 @@ fn effective_uid() -> u32 {
         })
         .unwrap_or(u32::MAX)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_describe_names_a_log_that_cannot_be_opened_and_describes_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 10);
+    let server = start(dir.path());
+    put_each(&server.address, &keys).await;
+    other_partitions_serve(&server.address).await;
+    server.stop();
+
+    // Corruption in the middle of the newest segment: the log cannot be opened.
+    let segment = last_segment(dir.path(), DAMAGED);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let (offset, lsn) = record_at(&bytes, 4);
+    bytes[offset + RECORD_HEADER_BYTES + 1] ^= 0x01;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let server = start(dir.path());
+    let output = cairnctl(&server.address, &["logs", "describe"]);
+    let (out, err) = (support::stdout(&output), support::stderr(&output));
+    assert!(!output.status.success(), "{out}{err}");
+    // Every other log is described with its tail; the damaged one is named with why.
+    let tails = client(&server.address)
+        .await
+        .list_partitions()
+        .await
+        .unwrap();
+    for p in tails.partitions.iter().filter(|p| p.partition_id != 2) {
+        let row = vec![
+            p.partition_id.to_string(),
+            "0".into(),
+            p.log_tail.to_string(),
+        ];
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>() == row),
+            "log {} with tail {} missing:\n{out}",
+            p.partition_id,
+            p.log_tail
+        );
+    }
+    for needle in [
+        "log 2: ".to_string(),
+        segment.display().to_string(),
+        format!("offset {offset} (LSN {lsn})"),
+    ] {
+        assert!(err.contains(&needle), "{needle:?} missing: {err}");
+    }
+    // Asking for that log alone says the same; asking for another one succeeds.
+    let alone = fails(cairnctl(&server.address, &["logs", "describe", "-l", "2"]));
+    assert!(
+        alone.contains(&format!("offset {offset} (LSN {lsn})")),
+        "{alone}"
+    );
+    ok(cairnctl(&server.address, &["logs", "describe", "-l", "1"]));
+    // And `partitions list` shows every partition, the damaged one with the same reason.
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert!(
+        status.contains(&format!("offset {offset} (LSN {lsn})")),
+        "{status}"
+    );
+    server.stop();
+}

@@ -107,6 +107,15 @@ impl Slot {
         &self.log
     }
 
+    /// Why this slot's log cannot be read (`err`, from one of its calls), in the words its
+    /// partition shows when the log could not be opened.
+    pub fn log_problem(&self, err: &cairn_log::Error) -> String {
+        match err {
+            cairn_log::Error::NotOpened { source, .. } => unopened_log_reason(self.id, source),
+            _ => format!("its state cannot be read: {err}"),
+        }
+    }
+
     fn state(&self) -> SlotState {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -415,15 +415,22 @@ impl v1::admin_server::Admin for AdminService {
         };
         let mut logs = Vec::with_capacity(slots.len());
         for slot in slots {
-            let state = slot
-                .log()
-                .state()
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            logs.push(v1::LogInfo {
-                log_id: u32::from(slot.id().0),
-                trim_point: state.trim_point.0,
-                tail: state.tail.0,
+            let log_id = u32::from(slot.id().0);
+            // One log that cannot be read (say, it could not be opened) is reported on its own
+            // row: the others are still described.
+            logs.push(match slot.log().state().await {
+                Ok(state) => v1::LogInfo {
+                    log_id,
+                    trim_point: state.trim_point.0,
+                    tail: state.tail.0,
+                    problem: String::new(),
+                },
+                Err(err) => v1::LogInfo {
+                    log_id,
+                    trim_point: 0,
+                    tail: 0,
+                    problem: slot.log_problem(&err),
+                },
             });
         }
         Ok(Response::new(v1::DescribeLogsResponse { logs }))
