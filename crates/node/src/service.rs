@@ -38,11 +38,21 @@ fn status_of(err: cairn_worker::Error) -> Status {
             Some(log) => log_status(log, err.to_string()),
             None => Status::internal(err.to_string()),
         },
+        // A full disk under the store (say, while a snapshot flushes it) is worth a retry once
+        // space is freed.
+        E::Storage { source, .. }
+            if source
+                .downcast_ref::<cairn_partition_store::Error>()
+                .is_some_and(|e| e.is_disk_full()) =>
+        {
+            Status::resource_exhausted(err.to_string())
+        }
         E::Storage { .. } => Status::internal(err.to_string()),
         E::Log { source, .. } => log_status(source, err.to_string()),
         // Needs an operator (restore, or accept the loss); retrying does not help.
         E::StoreAheadOfLog { .. } => Status::failed_precondition(err.to_string()),
         E::TimedOut { .. } => Status::unavailable(err.to_string()),
+        E::StoreDiskFull { .. } => Status::resource_exhausted(err.to_string()),
     }
 }
 
