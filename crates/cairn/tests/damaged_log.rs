@@ -657,3 +657,47 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
     assert_sizes(&self::client(&server.address).await, &acknowledged).await;
     server.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = dir.path().join("data");
+    let Some(_tmpfs) = Tmpfs::mount(&base_dir, "100m") else {
+        assert_ne!(
+            effective_uid(),
+            0,
+            "running as root, yet a tmpfs could not be mounted"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let keys = keys_of(DAMAGED, "key", 20);
+    let server = start(&base_dir);
+    put_each(&server.address, &keys).await;
+    // Killed: the store's write-ahead file holds writes that opening it turns into a table.
+    server.kill();
+    let filler = base_dir.join("filler");
+    fill_up(&filler);
+
+    let base = base_dir.to_str().unwrap();
+    let refused = fails(run_cairn(
+        &["--base-dir", base, "--bind-address", "127.0.0.1:0"],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0"),
+        ],
+    ));
+    let db = base_dir.join("db");
+    assert!(
+        refused.contains(&format!(
+            "the disk holding {} is full; free space on it, then start the node again",
+            db.display()
+        )),
+        "{refused}"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    let server = start(&base_dir);
+    assert_all_there(&server.address, &keys).await;
+    server.stop();
+}

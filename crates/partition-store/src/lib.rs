@@ -61,7 +61,7 @@ impl Error {
     /// once there is room for a memtable flush again; reads go on meanwhile.
     pub fn is_disk_full(&self) -> bool {
         match self {
-            Error::RocksDb { source, .. } => {
+            Error::RocksDb { source, .. } | Error::Open { source, .. } => {
                 source.kind() == rust_rocksdb::ErrorKind::IOError
                     && source.as_ref().contains("No space left on device")
             }
