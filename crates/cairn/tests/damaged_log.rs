@@ -257,6 +257,7 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
         format!("offset {offset} (LSN {lsn})"),
         "checksum".to_string(),
         format!("LSN {} follows", lsn + 1),
+        format!("`truncate -s {offset} {}`", segment.display()),
     ] {
         assert!(status.contains(&needle), "{needle:?} missing: {status}");
     }
@@ -699,5 +700,47 @@ async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed()
     std::fs::remove_file(&filler).unwrap();
     let server = start(&base_dir);
     assert_all_there(&server.address, &keys).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        dir.path(),
+        &[],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
+        ],
+    );
+    let client = client(&server.address).await;
+    // Enough for a second segment.
+    for key in keys_of(DAMAGED, "big", 24) {
+        put_large(&client, &key, 64 * 1024).await.unwrap();
+    }
+    server.stop();
+    let log_dir = dir.path().join("log").join(DAMAGED.0.to_string());
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "{segments:?}");
+    // The first segment is lost (a file-system fault): the log starts past its trim point.
+    std::fs::remove_file(&segments[0]).unwrap();
+
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    for needle in [
+        segments[1].display().to_string(),
+        "records are missing".to_string(),
+        "back from a backup".to_string(),
+    ] {
+        assert!(status.contains(&needle), "{needle:?} missing: {status}");
+    }
+    assert!(!status.contains("truncate -s"), "{status}");
+    other_partitions_serve(&server.address).await;
     server.stop();
 }
