@@ -744,3 +744,52 @@ async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
     other_partitions_serve(&server.address).await;
     server.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_records_the_log_lost_is_not_replayed_over_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = keys_of(DAMAGED, "before", 6);
+    // A snapshot that covers every record, then the log loses its last one.
+    let server = start(dir.path());
+    put_each(&server.address, &before).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    ));
+    server.stop();
+    let segment = last_segment(dir.path(), DAMAGED);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    // The operator accepts the loss, as offered, and writes on: the log now holds different
+    // records at and after the snapshot's LSN.
+    let base_dir = dir.path().to_str().unwrap();
+    let drop = ["drop-partition", "--base-dir", base_dir, "-p", "2", "-y"];
+    ok(run_cairn(&drop, &[("CAIRN_NUM_PARTITIONS", "4")]));
+    let server = start(dir.path());
+    let after = keys_of(DAMAGED, "after", 6);
+    put_each(&server.address, &after).await;
+
+    // A restore that picks that snapshot must not skip the new records as another epoch's.
+    let restore = cairnctl(&server.address, &["-y", "partitions", "restore", "-p", "2"]);
+    if restore.status.success() {
+        assert_all_there(&server.address, &after).await;
+    } else {
+        let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+        assert!(
+            status.contains("whose announcement this store never applied"),
+            "{status}"
+        );
+        server.stop();
+        // The way out the message names: rebuild the store from the log.
+        ok(run_cairn(&drop, &[("CAIRN_NUM_PARTITIONS", "4")]));
+        let server = start(dir.path());
+        assert_all_there(&server.address, &before[..before.len() - 1]).await;
+        assert_all_there(&server.address, &after).await;
+        server.stop();
+    }
+}

@@ -244,6 +244,28 @@ impl Processor {
                     Err(self.fenced())
                 }
             }
+            // Every epoch's records follow its announcement in the log, so a record of a newer
+            // epoch than any this store applied means the store does not continue this log's
+            // history (restored from a snapshot of records the log has since lost). Skipping it
+            // as fenced would silently drop acknowledged writes.
+            _ if self.leader.as_ref().is_none_or(|l| header.epoch > l.epoch) => {
+                return Err(Error::Stopped {
+                    partition,
+                    reason: format!(
+                        "the record at LSN {lsn} is of epoch {}, whose announcement this store \
+                         never applied (its leader epoch is {}): the store does not continue \
+                         this log's history, as when it was restored from a snapshot of records \
+                         the log has since lost. Nothing was skipped. Restore the partition from \
+                         an older snapshot (`cairnctl partitions restore -p {partition} \
+                         --snapshot <id>`), or stop the node, run `cairn drop-partition -p \
+                         {partition}` and start it to rebuild the store from the log",
+                        header.epoch,
+                        self.leader
+                            .as_ref()
+                            .map_or_else(|| "none".to_string(), |l| l.epoch.to_string()),
+                    ),
+                });
+            }
             _ if self.leader.as_ref().map(|l| l.epoch) != Some(header.epoch) => {
                 debug!(%partition, %lsn, epoch = %header.epoch, "skipping record of another epoch");
                 Err(self.fenced())
