@@ -10,6 +10,7 @@ use cairn_client::{Client, ClientOptions, PutEntry};
 use cairn_types::keys::partition_for_key;
 use cairn_types::{PartitionId, partition_key};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use support::{Server, cairnctl, created_id, fails, ok, run_cairn};
 
 const PARTITIONS: u16 = 4;
@@ -256,6 +257,7 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
         format!("offset {offset} (LSN {lsn})"),
         "checksum".to_string(),
         format!("LSN {} follows", lsn + 1),
+        format!("`truncate -s {offset} {}`", segment.display()),
     ] {
         assert!(status.contains(&needle), "{needle:?} missing: {status}");
     }
@@ -421,4 +423,373 @@ fn effective_uid() -> u32 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(u32::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_describe_names_a_log_that_cannot_be_opened_and_describes_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 10);
+    let server = start(dir.path());
+    put_each(&server.address, &keys).await;
+    other_partitions_serve(&server.address).await;
+    server.stop();
+
+    // Corruption in the middle of the newest segment: the log cannot be opened.
+    let segment = last_segment(dir.path(), DAMAGED);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let (offset, lsn) = record_at(&bytes, 4);
+    bytes[offset + RECORD_HEADER_BYTES + 1] ^= 0x01;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let server = start(dir.path());
+    let output = cairnctl(&server.address, &["logs", "describe"]);
+    let (out, err) = (support::stdout(&output), support::stderr(&output));
+    assert!(!output.status.success(), "{out}{err}");
+    // Every other log is described with its tail; the damaged one is named with why.
+    let tails = client(&server.address)
+        .await
+        .list_partitions()
+        .await
+        .unwrap();
+    for p in tails.partitions.iter().filter(|p| p.partition_id != 2) {
+        let row = vec![
+            p.partition_id.to_string(),
+            "0".into(),
+            p.log_tail.to_string(),
+        ];
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>() == row),
+            "log {} with tail {} missing:\n{out}",
+            p.partition_id,
+            p.log_tail
+        );
+    }
+    for needle in [
+        "log 2: ".to_string(),
+        segment.display().to_string(),
+        format!("offset {offset} (LSN {lsn})"),
+    ] {
+        assert!(err.contains(&needle), "{needle:?} missing: {err}");
+    }
+    // Asking for that log alone says the same; asking for another one succeeds.
+    let alone = fails(cairnctl(&server.address, &["logs", "describe", "-l", "2"]));
+    assert!(
+        alone.contains(&format!("offset {offset} (LSN {lsn})")),
+        "{alone}"
+    );
+    ok(cairnctl(&server.address, &["logs", "describe", "-l", "1"]));
+    // And `partitions list` shows every partition, the damaged one with the same reason.
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert!(
+        status.contains(&format!("offset {offset} (LSN {lsn})")),
+        "{status}"
+    );
+    server.stop();
+}
+
+/// Fills the file system holding `path` with a file there, until a write fails.
+fn fill_up(path: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    while file
+        .write_all(&chunk)
+        .and_then(|()| file.sync_data())
+        .is_ok()
+    {}
+}
+
+/// Gives back `bytes` of the file system that `fill_up` filled, as an operator deleting a file.
+fn shrink(filler: &Path, bytes: u64) {
+    let len = std::fs::metadata(filler).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(filler)
+        .unwrap()
+        .set_len(len.saturating_sub(bytes))
+        .unwrap();
+}
+
+/// Puts `key` with `bytes` bytes of value, giving up after a few seconds: `Err(None)` then.
+async fn put_within(
+    client: &Client,
+    key: &str,
+    bytes: usize,
+) -> Result<(), Option<cairn_client::Error>> {
+    let entry = PutEntry {
+        key: Bytes::from(key.to_string()),
+        value: Bytes::from(vec![b'v'; bytes]),
+        ttl: None,
+    };
+    match tokio::time::timeout(Duration::from_secs(3), client.put(vec![entry])).await {
+        Ok(result) => result.map_err(Some),
+        Err(_) => Err(None),
+    }
+}
+
+/// Every key of `written` holds a value of its length.
+async fn assert_sizes(client: &Client, written: &[(String, usize)]) {
+    let keys = written
+        .iter()
+        .map(|(k, _)| Bytes::from(k.clone()))
+        .collect();
+    let values = client.get(keys).await.unwrap();
+    for ((key, bytes), value) in written.iter().zip(values) {
+        assert_eq!(value.map(|v| v.len()), Some(*bytes), "key {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = dir.path().join("data");
+    // Log and store on one small file system, as on a single-disk machine; larger than the
+    // 64 MiB that RocksDB wants free before it resumes writing.
+    let Some(_tmpfs) = Tmpfs::mount(&base_dir, "128m") else {
+        assert_ne!(
+            effective_uid(),
+            0,
+            "running as root, yet a tmpfs could not be mounted"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let server = start(&base_dir);
+    let client = client(&server.address).await;
+    let mut acknowledged = Vec::new();
+    for key in keys_of(DAMAGED, "key", 20) {
+        put_within(&client, &key, 10).await.unwrap();
+        acknowledged.push((key, 10));
+    }
+
+    // The disk fills up, then gets a little room that appends take until one fails (on the
+    // log's segment, or on the store's own write-ahead file); then a snapshot's flush of the
+    // store fails on the full disk, and RocksDB stops writing, for every partition (they share
+    // one database), until there is room again. A flush that succeeds instead (RocksDB gives
+    // back space it had reserved for its write-ahead file) only means filling up again.
+    let filler = base_dir.join("filler");
+    let mut fill = keys_of(DAMAGED, "fill", 1000).into_iter();
+    let mut flush_failed = false;
+    for _ in 0..5 {
+        fill_up(&filler);
+        shrink(&filler, 4 << 20);
+        for key in fill.by_ref() {
+            match put_within(&client, &key, 64 * 1024).await {
+                Ok(()) => acknowledged.push((key, 64 * 1024)),
+                Err(_) => break,
+            }
+        }
+        let snapshot = cairnctl(&server.address, &["snapshots", "create", "-p", "2"]);
+        if !snapshot.status.success() {
+            flush_failed = true;
+            break;
+        }
+    }
+    assert!(flush_failed, "the snapshot never failed on the full disk");
+    // Some room comes back: enough for the log, not for RocksDB to resume.
+    shrink(&filler, 2 << 20);
+
+    // A write either reaches the log and waits, since the store cannot apply it yet, or (once
+    // the partition knows) is refused at once; then writes are refused as a full disk, not as a
+    // stopped partition.
+    let pending = keys_of(DAMAGED, "pending", 1).remove(0);
+    let waited = match put_within(&client, &pending, 10).await {
+        Ok(()) => panic!("a write was acknowledged while the store's disk is full"),
+        Err(None) => true,
+        Err(Some(err)) => {
+            assert_eq!(
+                err.code(),
+                Some(cairn_client::Code::ResourceExhausted),
+                "{err}"
+            );
+            false
+        }
+    };
+    let refused = put_within(&client, &keys_of(DAMAGED, "refused", 1)[0], 10)
+        .await
+        .expect_err("the store's disk is still full")
+        .expect("refused at once, not left waiting");
+    assert_eq!(
+        refused.code(),
+        Some(cairn_client::Code::ResourceExhausted),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("full"), "{refused}");
+    // Reads go on; the partition is still active.
+    assert_sizes(&client, &acknowledged).await;
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+
+    // Space is back: writes succeed again without a restart, and the waiting record is applied.
+    std::fs::remove_file(&filler).unwrap();
+    let after = keys_of(DAMAGED, "after", 1).remove(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match put_within(&client, &after, 10).await {
+            Ok(()) => break,
+            Err(err) if std::time::Instant::now() < deadline => {
+                if let Some(err) = err {
+                    assert_eq!(
+                        err.code(),
+                        Some(cairn_client::Code::ResourceExhausted),
+                        "{err}"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => panic!("writes did not resume once space was freed: {err:?}"),
+        }
+    }
+    acknowledged.push((after, 10));
+    if waited {
+        // It was in the log all along: applied once the store had room.
+        assert_sizes(&client, &[(pending, 10)]).await;
+    }
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    ));
+    other_partitions_serve(&server.address).await;
+
+    // Nothing acknowledged was lost, also across a crash and recovery.
+    server.kill();
+    let server = start(&base_dir);
+    assert_sizes(&self::client(&server.address).await, &acknowledged).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed() {
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = dir.path().join("data");
+    let Some(_tmpfs) = Tmpfs::mount(&base_dir, "100m") else {
+        assert_ne!(
+            effective_uid(),
+            0,
+            "running as root, yet a tmpfs could not be mounted"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let keys = keys_of(DAMAGED, "key", 20);
+    let server = start(&base_dir);
+    put_each(&server.address, &keys).await;
+    // Killed: the store's write-ahead file holds writes that opening it turns into a table.
+    server.kill();
+    let filler = base_dir.join("filler");
+    fill_up(&filler);
+
+    let base = base_dir.to_str().unwrap();
+    let refused = fails(run_cairn(
+        &["--base-dir", base, "--bind-address", "127.0.0.1:0"],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0"),
+        ],
+    ));
+    let db = base_dir.join("db");
+    assert!(
+        refused.contains(&format!(
+            "the disk holding {} is full; free space on it, then start the node again",
+            db.display()
+        )),
+        "{refused}"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    let server = start(&base_dir);
+    assert_all_there(&server.address, &keys).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        dir.path(),
+        &[],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
+        ],
+    );
+    let client = client(&server.address).await;
+    // Enough for a second segment.
+    for key in keys_of(DAMAGED, "big", 24) {
+        put_large(&client, &key, 64 * 1024).await.unwrap();
+    }
+    server.stop();
+    let log_dir = dir.path().join("log").join(DAMAGED.0.to_string());
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&log_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 2, "{segments:?}");
+    // The first segment is lost (a file-system fault): the log starts past its trim point.
+    std::fs::remove_file(&segments[0]).unwrap();
+
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    for needle in [
+        segments[1].display().to_string(),
+        "records are missing".to_string(),
+        "back from a backup".to_string(),
+    ] {
+        assert!(status.contains(&needle), "{needle:?} missing: {status}");
+    }
+    assert!(!status.contains("truncate -s"), "{status}");
+    other_partitions_serve(&server.address).await;
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_records_the_log_lost_is_not_replayed_over_new_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = keys_of(DAMAGED, "before", 6);
+    // A snapshot that covers every record, then the log loses its last one.
+    let server = start(dir.path());
+    put_each(&server.address, &before).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    ));
+    server.stop();
+    let segment = last_segment(dir.path(), DAMAGED);
+    let len = std::fs::metadata(&segment).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    // The operator accepts the loss, as offered, and writes on: the log now holds different
+    // records at and after the snapshot's LSN.
+    let base_dir = dir.path().to_str().unwrap();
+    let drop = ["drop-partition", "--base-dir", base_dir, "-p", "2", "-y"];
+    ok(run_cairn(&drop, &[("CAIRN_NUM_PARTITIONS", "4")]));
+    let server = start(dir.path());
+    let after = keys_of(DAMAGED, "after", 6);
+    put_each(&server.address, &after).await;
+
+    // A restore that picks that snapshot must not skip the new records as another epoch's.
+    let restore = cairnctl(&server.address, &["-y", "partitions", "restore", "-p", "2"]);
+    if restore.status.success() {
+        assert_all_there(&server.address, &after).await;
+    } else {
+        let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+        assert!(
+            status.contains("whose announcement this store never applied"),
+            "{status}"
+        );
+        server.stop();
+        // The way out the message names: rebuild the store from the log.
+        ok(run_cairn(&drop, &[("CAIRN_NUM_PARTITIONS", "4")]));
+        let server = start(dir.path());
+        assert_all_there(&server.address, &before[..before.len() - 1]).await;
+        assert_all_there(&server.address, &after).await;
+        server.stop();
+    }
 }

@@ -356,15 +356,30 @@ async fn logs_describe(
 ) -> anyhow::Result<ExitCode> {
     let logs = client.describe_logs(log_id).await?;
     let mut t = table(global.table_style, &["LOG", "TRIM POINT", "TAIL"]);
+    let mut problems = Vec::new();
     for log in logs {
-        t.add_row(vec![
-            log.log_id.to_string(),
-            log.trim_point.to_string(),
-            log.tail.to_string(),
-        ]);
+        if log.problem.is_empty() {
+            t.add_row(vec![
+                log.log_id.to_string(),
+                log.trim_point.to_string(),
+                log.tail.to_string(),
+            ]);
+        } else {
+            t.add_row(vec![log.log_id.to_string(), "-".into(), "-".into()]);
+            problems.push((log.log_id, log.problem));
+        }
     }
     println!("{t}");
-    Ok(ExitCode::SUCCESS)
+    // The readable logs are listed; each unreadable one is named on stderr, and the exit status
+    // says that something is wrong.
+    for (log_id, problem) in &problems {
+        eprintln!("log {log_id}: {problem}");
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 async fn logs_trim(

@@ -83,6 +83,9 @@ pub enum Error {
     Corrupt {
         log_id: LogId,
         path: String,
+        /// Where in `path` the damaged record starts, when the damage is a record (not a
+        /// missing or misnamed file, or a bad trim point).
+        offset: Option<u64>,
         detail: String,
     },
     /// The log could not be opened (for instance [`Error::Corrupt`]); every call on it fails

@@ -1103,6 +1103,7 @@ impl RecordError {
             RecordError::Invalid(detail) => Error::Corrupt {
                 log_id,
                 path: path.display().to_string(),
+                offset: Some(offset),
                 detail: format!("record at offset {offset}: {detail}"),
             },
         }
@@ -1299,6 +1300,7 @@ fn corrupt(log_id: LogId, path: &Path, detail: String) -> Error {
     Error::Corrupt {
         log_id,
         path: path.display().to_string(),
+        offset: None,
         detail,
     }
 }
@@ -1450,11 +1452,12 @@ fn recover_segment(
                 ),
                 None => String::new(),
             };
-            return Err(corrupt(
+            return Err(Error::Corrupt {
                 log_id,
-                &path,
-                format!("record at offset {offset} (LSN {lsn}): {detail}{after}"),
-            ));
+                path: path.display().to_string(),
+                offset: Some(offset),
+                detail: format!("record at offset {offset} (LSN {lsn}): {detail}{after}"),
+            });
         }
         tracing::warn!(
             log_id = %log_id, path = %path.display(), offset, lsn,

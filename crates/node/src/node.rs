@@ -403,8 +403,20 @@ async fn open_storage(
             ),
         };
         let stores = Arc::new(
-            PartitionStoreManager::open(&db_dir, &store_options)
-                .context("open the partition store")?,
+            PartitionStoreManager::open(&db_dir, &store_options).map_err(|err| {
+                // RocksDB writes at open (it recovers its write-ahead file into a table).
+                let full = err.is_disk_full();
+                let err = anyhow::Error::new(err);
+                if full {
+                    err.context(format!(
+                        "cannot open the partition store: the disk holding {} is full; free \
+                         space on it, then start the node again",
+                        db_dir.display()
+                    ))
+                } else {
+                    err.context("open the partition store")
+                }
+            })?,
         );
         Ok((logs, stores))
     })

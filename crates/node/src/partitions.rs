@@ -107,6 +107,15 @@ impl Slot {
         &self.log
     }
 
+    /// Why this slot's log cannot be read (`err`, from one of its calls), in the words its
+    /// partition shows when the log could not be opened.
+    pub fn log_problem(&self, err: &cairn_log::Error) -> String {
+        match err {
+            cairn_log::Error::NotOpened { source, .. } => unopened_log_reason(self.id, source),
+            _ => format!("its state cannot be read: {err}"),
+        }
+    }
+
     fn state(&self) -> SlotState {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -575,12 +584,25 @@ impl Partitions {
 /// Why a partition whose log could not be opened is down, and what to do.
 fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
     match err {
-        cairn_log::Error::Corrupt { path, .. } => format!(
+        cairn_log::Error::Corrupt {
+            path,
+            offset: Some(offset),
+            ..
+        } => format!(
             "its log cannot be opened: {err}. The records from that offset on are kept, not \
              dropped, and the partition stays down while the node's other partitions serve. Keep \
              a copy of {path}; to give up the records from that offset on, cut the file there \
-             (`truncate -s <offset> {path}`) and restart the node (if the store had applied \
+             (`truncate -s {offset} {path}`) and restart the node (if the store had applied \
              records past the cut, it then asks for `cairnctl partitions restore -p {id}`)"
+        ),
+        // A missing or misnamed segment, or a bad trim point: no offset to cut at.
+        cairn_log::Error::Corrupt { path, .. } => format!(
+            "its log cannot be opened: {err}. Nothing was deleted, and the partition stays down \
+             while the node's other partitions serve. Put the log's missing or damaged file \
+             back from a backup and restart the node; to give up the records from {path} on \
+             instead, move it and the log's later segments out of its directory and restart the \
+             node (if the store had applied them, it then asks for `cairnctl partitions restore \
+             -p {id}`)"
         ),
         _ => format!(
             "its log cannot be opened: {err}; fix the cause and restart the node (the other \

@@ -39,11 +39,21 @@ fn status_of(err: cairn_worker::Error) -> Status {
             Some(log) => log_status(log, err.to_string()),
             None => Status::internal(err.to_string()),
         },
+        // A full disk under the store (say, while a snapshot flushes it) is worth a retry once
+        // space is freed.
+        E::Storage { source, .. }
+            if source
+                .downcast_ref::<cairn_partition_store::Error>()
+                .is_some_and(|e| e.is_disk_full()) =>
+        {
+            Status::resource_exhausted(err.to_string())
+        }
         E::Storage { .. } => Status::internal(err.to_string()),
         E::Log { source, .. } => log_status(source, err.to_string()),
         // Needs an operator (restore, or accept the loss); retrying does not help.
         E::StoreAheadOfLog { .. } => Status::failed_precondition(err.to_string()),
         E::TimedOut { .. } => Status::unavailable(err.to_string()),
+        E::StoreDiskFull { .. } => Status::resource_exhausted(err.to_string()),
     }
 }
 
@@ -437,15 +447,22 @@ impl v1::admin_server::Admin for AdminService {
         };
         let mut logs = Vec::with_capacity(slots.len());
         for slot in slots {
-            let state = slot
-                .log()
-                .state()
-                .await
-                .map_err(|e| Status::internal(e.to_string()))?;
-            logs.push(v1::LogInfo {
-                log_id: u32::from(slot.id().0),
-                trim_point: state.trim_point.0,
-                tail: state.tail.0,
+            let log_id = u32::from(slot.id().0);
+            // One log that cannot be read (say, it could not be opened) is reported on its own
+            // row: the others are still described.
+            logs.push(match slot.log().state().await {
+                Ok(state) => v1::LogInfo {
+                    log_id,
+                    trim_point: state.trim_point.0,
+                    tail: state.tail.0,
+                    problem: String::new(),
+                },
+                Err(err) => v1::LogInfo {
+                    log_id,
+                    trim_point: 0,
+                    tail: 0,
+                    problem: slot.log_problem(&err),
+                },
             });
         }
         Ok(Response::new(v1::DescribeLogsResponse { logs }))

@@ -55,4 +55,19 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether RocksDB refused because the disk holding the store is full. RocksDB then stops
+    /// writing (also for the other partitions: they share one database) and resumes by itself
+    /// once there is room for a memtable flush again; reads go on meanwhile.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::RocksDb { source, .. } | Error::Open { source, .. } => {
+                source.kind() == rust_rocksdb::ErrorKind::IOError
+                    && source.as_ref().contains("No space left on device")
+            }
+            _ => false,
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -24,6 +24,7 @@ pub use restore::{
 pub use snapshot::{CreatedSnapshot, SnapshotProducer, snapshot_metadata};
 
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// An error from one of the layers under a partition (store, log, repository, file system, a
@@ -112,6 +113,20 @@ pub enum Error {
         partition: PartitionId,
         applied: Lsn,
         tail: Lsn,
+    },
+    /// The disk holding the partition store is full: the store refuses writes until there is
+    /// room again. The partition keeps serving reads, and applies its log and accepts writes
+    /// again by itself once RocksDB resumes.
+    #[error(
+        "partition {partition}: the disk holding the partition store is full ({source}); free \
+         space on it: the partition applies its log and accepts writes again by itself once \
+         at least 64 MiB are free there (RocksDB's threshold to resume writing); reads are \
+         served meanwhile"
+    )]
+    StoreDiskFull {
+        partition: PartitionId,
+        #[source]
+        source: Arc<cairn_partition_store::Error>,
     },
     /// Waiting for the processor made no progress for `waited`.
     #[error(

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     pub applied: watch::Sender<Lsn>,
     pub leader: watch::Sender<Option<LeaderState>>,
     stopped: watch::Sender<Option<String>>,
+    /// Set while the store refuses writes for a full disk (the processor retries the record it
+    /// holds): new writes are refused with it rather than queue up behind that record.
+    store_full: Mutex<Option<Arc<cairn_partition_store::Error>>>,
 }
 
 impl Shared {
@@ -65,6 +68,17 @@ impl Shared {
     fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Waiter>> {
         // A panic while holding this lock leaves the map consistent (single inserts/removes).
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_store_full(&self, full: Option<Arc<cairn_partition_store::Error>>) {
+        *self.store_full.lock().unwrap_or_else(|p| p.into_inner()) = full;
+    }
+
+    fn store_full(&self) -> Option<Arc<cairn_partition_store::Error>> {
+        self.store_full
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn stopped_reason(&self) -> Option<String> {
@@ -128,6 +142,7 @@ impl Partition {
             applied: watch::Sender::new(applied),
             leader: watch::Sender::new(leader.clone()),
             stopped: watch::Sender::new(None),
+            store_full: Mutex::new(None),
         });
         let cancel = CancellationToken::new();
         let (exports, exports_rx) = mpsc::channel(EXPORT_QUEUE_MAX);
@@ -385,6 +400,12 @@ impl Partition {
 
     async fn propose(&self, command: Command) -> Result<Outcome> {
         let epoch = self.serving_epoch()?;
+        if let Some(source) = self.shared.store_full() {
+            return Err(Error::StoreDiskFull {
+                partition: self.id(),
+                source,
+            });
+        }
         self.propose_at(epoch, command).await
     }
 

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 /// What applying a record produced, handed to the caller that proposed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +44,10 @@ pub enum Outcome {
 
 /// Records read from the log per round, at most.
 const READ_BATCH_RECORDS_MAX: usize = 1024;
+
+/// How often a record that the full store refused is tried again. RocksDB checks for room to
+/// resume every few seconds itself; this only bounds how late the partition notices.
+const STORE_FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Bytes of records a round aims to hold in memory: rounds of large records read fewer of them,
 /// so a replay of 16 MiB records does not hold 1024 of them at once.
@@ -145,7 +149,7 @@ impl Processor {
                     partition,
                     reason: format!("record at LSN {} cannot be decoded: {err}", entry.lsn),
                 })?;
-                self.apply(entry.lsn, envelope)?;
+                self.apply_when_room(entry.lsn, envelope).await?;
             }
             crate::testing::pause_point_of("replay", partition).await;
         }
@@ -171,6 +175,39 @@ impl Processor {
         Ok(())
     }
 
+    /// Applies one record; while the store's disk is full, retries until RocksDB resumes
+    /// writing (it does so by itself once there is room) instead of stopping the partition. The
+    /// partition says meanwhile that its store is full, so that new writes are refused at once
+    /// and reads go on; exports asked for meanwhile are answered (they fail on the full disk).
+    async fn apply_when_room(&mut self, lsn: Lsn, envelope: Envelope) -> Result<()> {
+        let partition = self.shared.id;
+        let mut full_since = None;
+        loop {
+            match self.apply(lsn, envelope.clone()) {
+                Err(Error::StoreDiskFull { source, .. }) => {
+                    if full_since.is_none() {
+                        warn!(%partition, %lsn, "the partition store's disk is full; applying \
+                              the log waits until there is room again: {source}");
+                        full_since = Some(std::time::Instant::now());
+                    }
+                    self.shared.set_store_full(Some(source));
+                    tokio::select! {
+                        () = tokio::time::sleep(STORE_FULL_RETRY) => {}
+                        Some(request) = self.exports.recv() => self.export(request).await,
+                    }
+                }
+                result => {
+                    if let Some(since) = full_since {
+                        info!(%partition, %lsn, waited_ms = since.elapsed().as_millis() as u64,
+                              "the partition store accepts writes again; applying the log resumes");
+                        self.shared.set_store_full(None);
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
     async fn export(&mut self, request: ExportRequest) {
         let store = self.store.clone();
         let partition = self.shared.id;
@@ -192,17 +229,42 @@ impl Processor {
         let partition = self.shared.id;
         let header = envelope.header;
         let mut batch = self.store.write_batch();
+        // Taken on only once the batch is committed: a commit refused for a full disk is retried,
+        // and the retry must not find its own announcement already in place.
+        let mut announced = None;
         let outcome = match envelope.command {
             Command::AnnounceLeader { epoch, node } => {
                 if self.leader.as_ref().is_none_or(|l| epoch > l.epoch) {
                     info!(%partition, %lsn, %epoch, %node, "leader announced");
                     let leader = LeaderState { epoch, node };
                     batch.set_leader(&leader);
-                    self.leader = Some(leader);
+                    announced = Some(leader);
                     Ok(Outcome::Announced)
                 } else {
                     Err(self.fenced())
                 }
+            }
+            // Every epoch's records follow its announcement in the log, so a record of a newer
+            // epoch than any this store applied means the store does not continue this log's
+            // history (restored from a snapshot of records the log has since lost). Skipping it
+            // as fenced would silently drop acknowledged writes.
+            _ if self.leader.as_ref().is_none_or(|l| header.epoch > l.epoch) => {
+                return Err(Error::Stopped {
+                    partition,
+                    reason: format!(
+                        "the record at LSN {lsn} is of epoch {}, whose announcement this store \
+                         never applied (its leader epoch is {}): the store does not continue \
+                         this log's history, as when it was restored from a snapshot of records \
+                         the log has since lost. Nothing was skipped. Restore the partition from \
+                         an older snapshot (`cairnctl partitions restore -p {partition} \
+                         --snapshot <id>`), or stop the node, run `cairn drop-partition -p \
+                         {partition}` and start it to rebuild the store from the log",
+                        header.epoch,
+                        self.leader
+                            .as_ref()
+                            .map_or_else(|| "none".to_string(), |l| l.epoch.to_string()),
+                    ),
+                });
             }
             _ if self.leader.as_ref().map(|l| l.epoch) != Some(header.epoch) => {
                 debug!(%partition, %lsn, epoch = %header.epoch, "skipping record of another epoch");
@@ -245,9 +307,19 @@ impl Processor {
             }
         };
         batch.set_applied_lsn(lsn);
-        self.store
-            .commit(batch)
-            .map_err(|err| store_error(partition, "apply record", err))?;
+        self.store.commit(batch).map_err(|err| {
+            if err.is_disk_full() {
+                Error::StoreDiskFull {
+                    partition,
+                    source: Arc::new(err),
+                }
+            } else {
+                store_error(partition, "apply record", err)
+            }
+        })?;
+        if announced.is_some() {
+            self.leader = announced;
+        }
         self.applied = lsn;
         if matches!(outcome, Ok(Outcome::Announced)) {
             self.shared.leader.send_replace(self.leader.clone());

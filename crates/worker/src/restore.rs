@@ -358,7 +358,7 @@ impl Restorer {
         }
         if metadata.min_applied_lsn > log.tail {
             return Err(Refusal::because(format_args!(
-                "it covers the log up to LSN {}, but this node's log ends at LSN {}: it was taken from another log (a base dir that was reset, or a repository shared with another cluster of the same name)",
+                "it covers the log up to LSN {}, but this node's log ends at LSN {}: it was taken from another log (a base dir that was reset, or a repository shared with another cluster of the same name), or this log has lost records since",
                 metadata.min_applied_lsn, log.tail
             )));
         }
