@@ -141,7 +141,7 @@ async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
             format!("up to LSN {applied}"),
             format!("ends at LSN {}", applied - 1),
             "cairnctl partitions restore -p 2".to_string(),
-            "cairn drop-partition -p 2 --base-dir".to_string(),
+            "cairn drop-partition -p 2` with the node's base dir".to_string(),
         ] {
             assert!(status.contains(&needle), "{needle:?} missing: {status}");
         }

@@ -215,6 +215,10 @@ fn concurrent_exports_of_one_snapshot_are_identical_and_whole() {
     assert!(tars.len() == 3 && tars.iter().all(|t| t == &tars[0]));
     assert!(tars[0].len() > 6 * BATCH_BYTES);
     assert_eq!(std::fs::read(&unrelated).unwrap(), b"not cairn's");
+    // An export is an ordinary file: the mode any new file gets here, not a private 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out.path().join("export-1.tar")), mode(&unrelated));
     // Only the three tars and the unrelated file: no temporary file is left.
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 4);
     assert_eq!(scratch_files(&server), 0);

@@ -107,9 +107,13 @@ fn temp_file_beside(output: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
         .with_context(|| format!("{} is not a file name; give -o a file", output.display()))?
         .to_string_lossy()
         .into_owned();
+    // Created with the mode of any new file (0666 less the umask), not tempfile's private 0600:
+    // the output is an ordinary file once renamed.
+    use std::os::unix::fs::PermissionsExt;
     tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".partial")
+        .permissions(std::fs::Permissions::from_mode(0o666))
         .tempfile_in(&folder)
         .with_context(|| {
             format!(

@@ -104,8 +104,8 @@ pub enum Error {
          those LSNs. Either restore it from a snapshot with `cairnctl partitions restore -p \
          {partition}`, which needs a snapshot at LSN {tail} or earlier and replays the log after \
          it, or accept losing records {}..={applied}: stop the node, run `cairn drop-partition \
-         -p {partition} --base-dir <its base dir>` and start it again, which rebuilds the store \
-         from the log (and from a snapshot if the log is trimmed) without them",
+         -p {partition}` with the node's base dir (its --base-dir or configuration) and start it \
+         again, which rebuilds the store from the log (and from a snapshot if the log is trimmed) without them",
         tail.next(),
         tail.next()
     )]
