@@ -212,3 +212,48 @@ pub async fn drive(
     }
     Ok((Figures::new(recorders, start.elapsed()), connections))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn figures(millis: &[u64]) -> Figures {
+        let mut recorder = Recorder::default();
+        for m in millis {
+            recorder.record(1, Duration::from_millis(*m));
+        }
+        Figures::new(vec![recorder], Duration::from_secs(1))
+    }
+
+    #[test]
+    fn latency_quantiles_are_the_request_at_that_rank() {
+        let f = figures(&(1..=100).rev().collect::<Vec<_>>());
+        assert_eq!(f.latency(0.50), Duration::from_millis(50));
+        assert_eq!(f.latency(0.99), Duration::from_millis(99));
+        assert_eq!(f.latency(1.0), Duration::from_millis(100));
+        assert_eq!(figures(&[7]).latency(0.5), Duration::from_millis(7));
+        assert_eq!(figures(&[]).latency(0.99), Duration::ZERO);
+    }
+
+    #[test]
+    fn reads_ask_for_written_keys_and_writes_never_repeat_a_key() {
+        let args = Args::parse_from(["cairn-bench", "--batch", "10", "--read-keys", "25"]);
+        let written: std::collections::HashSet<Bytes> = (0..25).map(read_key).collect();
+        for seq in 0..10 {
+            for key in request_keys(&args, Workload::GetBatch, 3, seq) {
+                assert!(written.contains(&key), "{key:?} was not written");
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for workload in Workload::ALL.into_iter().filter(|w| !w.reads()) {
+            for client in 0..3 {
+                for seq in 0..5 {
+                    for key in request_keys(&args, workload, client, seq) {
+                        assert!(seen.insert(key.clone()), "{key:?} written twice");
+                    }
+                }
+            }
+        }
+    }
+}
