@@ -10,11 +10,19 @@ command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v c++ >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v sst_dump >/dev/null 2>&1 || need_apt+=(rocksdb-tools)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
+# Redis, for `cairn-bench` to compare against: the benchmark starts its own server on loopback
+# with its own settings, so the package's system service is not needed and is stopped below.
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # The package starts its service on install where it can; the benchmark does not use it.
   apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  if [[ " ${need_apt[*]} " == *" redis-server "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now redis-server >/dev/null 2>&1 || true
+  fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

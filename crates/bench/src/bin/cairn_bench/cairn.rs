@@ -1,0 +1,147 @@
+//! Cairn's side: a node of its own in a temporary folder (gRPC on a free loopback port, no metrics
+//! port, so that it runs beside any Cairn node on the machine), started and waited for until every
+//! partition serves.
+
+use crate::Args;
+use crate::drive::{Connection, Workload};
+use anyhow::Context;
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions, PutEntry};
+use std::time::{Duration, Instant};
+
+/// The partition status that says a partition serves (`cairnctl partitions list`).
+const SERVING: &str = "active";
+/// The status of a partition the node is still bringing up; the benchmark waits for these.
+const STARTING: &str = "starting";
+
+/// The benchmark's node, serving.
+pub struct Node {
+    node: cairn_node::RunningNode,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// Starts a node with `--partitions` partitions and returns once every one of them serves.
+    pub async fn start(args: &Args) -> anyhow::Result<Node> {
+        let dir = tempfile::tempdir().context("create the Cairn node's temporary folder")?;
+        let config = cairn_node::Config {
+            base_dir: dir.path().to_path_buf(),
+            bind_address: "127.0.0.1:0".parse()?,
+            num_partitions: args.partitions,
+            metrics: cairn_node::config::MetricsConfig { bind_address: None },
+            ..cairn_node::Config::default()
+        };
+        let node = cairn_node::start(config)
+            .await
+            .context("start the benchmark's Cairn node")?;
+        let address = format!("http://{}", node.local_addr());
+        let client = connect(&address).await?;
+        wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout)).await?;
+        Ok(Node {
+            node,
+            address,
+            _dir: dir,
+        })
+    }
+
+    /// One connection per client, as independent clients would have.
+    pub async fn connections(&self, clients: usize) -> anyhow::Result<Vec<Connection>> {
+        let mut connections = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            connections.push(Connection::Cairn(Box::new(connect(&self.address).await?)));
+        }
+        Ok(connections)
+    }
+
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.node
+            .shutdown()
+            .await
+            .context("stop the benchmark's Cairn node")
+    }
+}
+
+async fn connect(address: &str) -> anyhow::Result<Client> {
+    Client::connect(address, &ClientOptions::default())
+        .await
+        .with_context(|| format!("connect to the benchmark's Cairn node at {address}"))
+}
+
+/// `cairn_node::start` returns while the partitions are still coming up (a request to one says
+/// "the node is still starting it"): polls the partition list until every partition serves, for
+/// at most `timeout`. A partition that is down, not starting, fails at once with its reason.
+async fn wait_until_serving(client: &Client, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let partitions = client
+            .list_partitions()
+            .await
+            .context("list the benchmark node's partitions")?
+            .partitions;
+        let starting: Vec<String> = partitions
+            .iter()
+            .filter(|p| p.status != SERVING)
+            .map(|p| {
+                anyhow::ensure!(
+                    p.status == STARTING,
+                    "partition {} of the benchmark's Cairn node is not serving: {}",
+                    p.partition_id,
+                    p.status
+                );
+                Ok(p.partition_id.to_string())
+            })
+            .collect::<anyhow::Result<_>>()?;
+        if starting.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the benchmark's Cairn node did not bring up partitions {} within {timeout:?}; \
+             on a busy machine, allow longer with --start-timeout",
+            starting.join(", ")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One request of `workload`, checked: every insert inserted, every read key found.
+pub async fn send(
+    client: &Client,
+    args: &Args,
+    workload: Workload,
+    keys: Vec<Bytes>,
+) -> anyhow::Result<()> {
+    let value = args.value();
+    match workload {
+        Workload::PutBatch | Workload::Put => {
+            let entries = keys
+                .into_iter()
+                .map(|key| PutEntry {
+                    key,
+                    value: value.clone(),
+                    ttl: None,
+                })
+                .collect();
+            client.put(entries).await.context("Cairn put")?;
+        }
+        Workload::InsertBatch | Workload::Insert => {
+            let inserted = client
+                .insert_if_absent(keys, value, Some(args.ttl()))
+                .await
+                .context("Cairn insert-if-absent")?;
+            anyhow::ensure!(
+                inserted.iter().all(|i| *i),
+                "Cairn did not insert a fresh key"
+            );
+        }
+        Workload::Get | Workload::GetBatch => {
+            let values = client.get(keys).await.context("Cairn get")?;
+            anyhow::ensure!(
+                values.iter().all(Option::is_some),
+                "Cairn did not find a key the benchmark wrote"
+            );
+        }
+    }
+    Ok(())
+}

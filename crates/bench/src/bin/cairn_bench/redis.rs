@@ -1,0 +1,231 @@
+//! Redis's side: a `redis-server` of its own on a free loopback port, in a temporary folder, with
+//! every write fsynced before its answer (`--appendonly yes --appendfsync always`, no RDB saves),
+//! driven with the same shapes as Cairn: batches as pipelines, reads as `GET` and `MGET`.
+
+use crate::Args;
+use crate::drive::{Connection, Workload};
+use anyhow::Context;
+use bytes::Bytes;
+use redis::aio::MultiplexedConnection;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long `redis-server` may take to answer after it was started.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bounds one answer, so that a Redis that stops answering ends the run with an error.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A `redis-server` the benchmark started; killed when dropped.
+pub struct Server {
+    child: Child,
+    url: String,
+    pub version: String,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts `binary`; `None` when it is not installed.
+    pub async fn start(binary: &str) -> anyhow::Result<Option<Server>> {
+        let dir = tempfile::tempdir().context("create Redis's temporary folder")?;
+        let port = free_port()?;
+        let spawned = Command::new(binary)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--dir")
+            .arg(dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .args(["--daemonize", "no", "--logfile"])
+            .arg(dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.with_context(|| format!("start {binary}"))?,
+        };
+        let mut server = Server {
+            child,
+            url: format!("redis://127.0.0.1:{port}/"),
+            version: String::new(),
+            dir,
+        };
+        server.version = server.wait_until_ready().await?;
+        Ok(Some(server))
+    }
+
+    /// Waits until the server answers, checks that it fsyncs every write, and returns its version.
+    async fn wait_until_ready(&mut self) -> anyhow::Result<String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut connection = loop {
+            if let Some(status) = self.child.try_wait().context("watch redis-server")? {
+                anyhow::bail!(
+                    "redis-server exited ({status}) before it served; its log:\n{}",
+                    self.log()
+                );
+            }
+            match self.connect().await {
+                Ok(connection) => break connection,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(e.context(format!(
+                        "redis-server did not answer within {START_TIMEOUT:?}; its log:\n{}",
+                        self.log()
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let fsync: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query_async(&mut connection)
+            .await
+            .context("ask Redis for its appendfsync setting")?;
+        anyhow::ensure!(
+            fsync.get(1).map(String::as_str) == Some("always"),
+            "Redis runs with appendfsync {fsync:?}, not always: its figures would not be comparable"
+        );
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut connection)
+            .await
+            .context("ask Redis for its version")?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("(unknown version)")
+            .trim()
+            .to_owned())
+    }
+
+    async fn connect(&self) -> anyhow::Result<MultiplexedConnection> {
+        let client = redis::Client::open(self.url.as_str()).context("parse Redis's address")?;
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .with_context(|| format!("connect to Redis at {}", self.url))
+    }
+
+    /// One connection per client, as independent clients would have.
+    pub async fn connections(&self, clients: usize) -> anyhow::Result<Vec<Connection>> {
+        let mut connections = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            connections.push(Connection::Redis(self.connect().await?));
+        }
+        Ok(connections)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log"))
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Nothing of this server's data is kept; its folder goes with it.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> anyhow::Result<u16> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("find a free port for Redis")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// One request of `workload`, checked: every insert inserted, every read key found.
+pub async fn send(
+    connection: &mut MultiplexedConnection,
+    args: &Args,
+    workload: Workload,
+    keys: Vec<Bytes>,
+) -> anyhow::Result<()> {
+    let value = args.value();
+    let ttl = args.ttl().as_secs();
+    match workload {
+        Workload::PutBatch => {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.set(key.as_ref(), value.as_ref()).ignore();
+            }
+            pipe.query_async::<()>(connection)
+                .await
+                .context("Redis pipelined SET")?;
+        }
+        Workload::InsertBatch => {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.add_command(set_nx(key, &value, ttl));
+            }
+            let answers: Vec<Option<String>> = pipe
+                .query_async(connection)
+                .await
+                .context("Redis pipelined SET NX EX")?;
+            anyhow::ensure!(
+                answers.iter().all(Option::is_some),
+                "Redis did not insert a fresh key"
+            );
+        }
+        Workload::Put => {
+            redis::cmd("SET")
+                .arg(keys[0].as_ref())
+                .arg(value.as_ref())
+                .query_async::<()>(connection)
+                .await
+                .context("Redis SET")?;
+        }
+        Workload::Insert => {
+            let answer: Option<String> = set_nx(&keys[0], &value, ttl)
+                .query_async(connection)
+                .await
+                .context("Redis SET NX EX")?;
+            anyhow::ensure!(answer.is_some(), "Redis did not insert a fresh key");
+        }
+        Workload::Get => {
+            let answer: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(keys[0].as_ref())
+                .query_async(connection)
+                .await
+                .context("Redis GET")?;
+            anyhow::ensure!(
+                answer.is_some(),
+                "Redis did not find a key the benchmark wrote"
+            );
+        }
+        Workload::GetBatch => {
+            let keys: Vec<&[u8]> = keys.iter().map(Bytes::as_ref).collect();
+            let answers: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
+                .arg(keys)
+                .query_async(connection)
+                .await
+                .context("Redis MGET")?;
+            anyhow::ensure!(
+                answers.iter().all(Option::is_some),
+                "Redis did not find a key the benchmark wrote"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `SET key value NX EX ttl`: Redis's insert-if-absent with an expiry.
+fn set_nx(key: &Bytes, value: &Bytes, ttl_secs: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key.as_ref())
+        .arg(value.as_ref())
+        .arg("NX")
+        .arg("EX")
+        .arg(ttl_secs);
+    cmd
+}
