@@ -489,7 +489,18 @@ fn serve_grpc(
                 .max_encoding_message_size(MESSAGE_BYTES_MAX),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |accepted| {
+                    // Answers go out as soon as they are written: with Nagle's algorithm on, a
+                    // small answer that follows a large one waits for the client's delayed ACK
+                    // (about 40 ms per request on Linux).
+                    if let Ok(stream) = &accepted {
+                        let _ = stream.set_nodelay(true);
+                    }
+                    accepted
+                },
+            ),
             cancel.cancelled_owned(),
         );
     tokio::spawn(server)
