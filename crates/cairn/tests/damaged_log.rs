@@ -294,6 +294,21 @@ impl Tmpfs {
             .ok()?;
         status.success().then(|| Tmpfs(dir.to_path_buf()))
     }
+
+    /// [`Tmpfs::mount`], or `None` with a note that the test is skipped, when this process is
+    /// not root. As root a failed mount fails the test: CI runs as root and must not skip it.
+    fn mount_or_skip(dir: &Path, size: &str) -> Option<Tmpfs> {
+        let mounted = Tmpfs::mount(dir, size);
+        if mounted.is_none() {
+            assert_ne!(
+                effective_uid(),
+                0,
+                "running as root, yet a tmpfs could not be mounted"
+            );
+            eprintln!("skipped: mounting a tmpfs needs root");
+        }
+        mounted
+    }
 }
 
 impl Drop for Tmpfs {
@@ -321,13 +336,7 @@ async fn a_full_log_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("log");
     // A real full file system under the log: only a privileged run can mount one.
-    let Some(_tmpfs) = Tmpfs::mount(&log_dir, "8m") else {
-        assert_ne!(
-            effective_uid(),
-            0,
-            "running as root, yet a tmpfs could not be mounted"
-        );
-        eprintln!("skipped: mounting a tmpfs needs root");
+    let Some(_tmpfs) = Tmpfs::mount_or_skip(&log_dir, "8m") else {
         return;
     };
     // Room that the test frees later, as an operator would.
@@ -546,13 +555,7 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
     let base_dir = dir.path().join("data");
     // Log and store on one small file system, as on a single-disk machine; larger than the
     // 64 MiB that RocksDB wants free before it resumes writing.
-    let Some(_tmpfs) = Tmpfs::mount(&base_dir, "128m") else {
-        assert_ne!(
-            effective_uid(),
-            0,
-            "running as root, yet a tmpfs could not be mounted"
-        );
-        eprintln!("skipped: mounting a tmpfs needs root");
+    let Some(_tmpfs) = Tmpfs::mount_or_skip(&base_dir, "128m") else {
         return;
     };
     let server = start(&base_dir);
@@ -663,13 +666,7 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
 async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();
     let base_dir = dir.path().join("data");
-    let Some(_tmpfs) = Tmpfs::mount(&base_dir, "100m") else {
-        assert_ne!(
-            effective_uid(),
-            0,
-            "running as root, yet a tmpfs could not be mounted"
-        );
-        eprintln!("skipped: mounting a tmpfs needs root");
+    let Some(_tmpfs) = Tmpfs::mount_or_skip(&base_dir, "100m") else {
         return;
     };
     let keys = keys_of(DAMAGED, "key", 20);
