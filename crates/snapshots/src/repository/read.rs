@@ -237,36 +237,11 @@ impl SnapshotRepository {
                 .await;
         }
         let result = async {
-            let out = tokio::fs::File::create(&partial)
-                .await
-                .map_err(io("create", &partial))?;
-            // Object stores hand out small chunks; each write of a tokio file is a trip through
-            // the blocking pool, so gather them first.
-            let out = tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(
-                DOWNLOAD_BUFFER_BYTES,
-                out,
-            ));
+            let out = PartialFile::create(&partial).await?;
             let size = self
-                .read_file_checked(partition, snapshot_id, file, |chunk| {
-                    let out = &out;
-                    let partial = &partial;
-                    async move {
-                        out.lock()
-                            .await
-                            .write_all(&chunk)
-                            .await
-                            .map_err(io("write", partial))
-                    }
-                })
+                .read_file_checked(partition, snapshot_id, file, |chunk| out.write(chunk))
                 .await?;
-            let mut out = out.into_inner();
-            out.flush().await.map_err(io("write", &partial))?;
-            let out = out.into_inner();
-            out.sync_all().await.map_err(io("sync", &partial))?;
-            drop(out);
-            tokio::fs::rename(&partial, &target)
-                .await
-                .map_err(io("rename", &partial))?;
+            out.finish(&target).await?;
             Ok(size)
         }
         .await;
@@ -345,5 +320,53 @@ impl SnapshotRepository {
                 Err(err)
             }
         }
+    }
+}
+
+/// A file written under a temporary name, then flushed, synced and renamed into place once whole.
+/// Writes take `&self`, so a read's callback can hand over each chunk as it arrives. On failure
+/// the caller removes the temporary file.
+pub(super) struct PartialFile {
+    path: PathBuf,
+    out: tokio::sync::Mutex<tokio::io::BufWriter<tokio::fs::File>>,
+}
+
+impl PartialFile {
+    pub(super) async fn create(path: &Path) -> Result<PartialFile> {
+        let file = tokio::fs::File::create(path)
+            .await
+            .map_err(io("create", path))?;
+        // Object stores hand out small chunks; each write of a tokio file is a trip through the
+        // blocking pool, so gather them first.
+        Ok(PartialFile {
+            path: path.to_path_buf(),
+            out: tokio::sync::Mutex::new(tokio::io::BufWriter::with_capacity(
+                DOWNLOAD_BUFFER_BYTES,
+                file,
+            )),
+        })
+    }
+
+    pub(super) async fn write(&self, bytes: Bytes) -> Result<()> {
+        self.out
+            .lock()
+            .await
+            .write_all(&bytes)
+            .await
+            .map_err(io("write", &self.path))
+    }
+
+    /// Makes the file durable under `target`'s name.
+    pub(super) async fn finish(self, target: &Path) -> Result<()> {
+        let mut out = self.out.into_inner();
+        out.flush().await.map_err(io("write", &self.path))?;
+        out.get_mut()
+            .sync_all()
+            .await
+            .map_err(io("sync", &self.path))?;
+        drop(out);
+        tokio::fs::rename(&self.path, target)
+            .await
+            .map_err(io("rename", &self.path))
     }
 }

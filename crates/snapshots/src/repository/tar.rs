@@ -3,12 +3,12 @@
 
 use super::SnapshotRepository;
 use super::hashing::io;
+use super::read::PartialFile;
 use crate::{Error, Result, SnapshotId};
 use bytes::Bytes;
 use cairn_types::PartitionId;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
 const TAR_BLOCK: usize = 512;
 
@@ -42,21 +42,8 @@ impl SnapshotRepository {
         partial_name.push(".partial");
         let partial = PathBuf::from(partial_name);
         let result = async {
-            let file = tokio::fs::File::create(&partial)
-                .await
-                .map_err(io("create", &partial))?;
-            let tar = tokio::sync::Mutex::new(tokio::io::BufWriter::new(file));
-            let write = |bytes: Bytes| {
-                let tar = &tar;
-                let partial = &partial;
-                async move {
-                    tar.lock()
-                        .await
-                        .write_all(&bytes)
-                        .await
-                        .map_err(io("write", partial))
-                }
-            };
+            let tar = PartialFile::create(&partial).await?;
+            let write = |bytes: Bytes| tar.write(bytes);
 
             write(
                 tar_header("metadata.json", raw_metadata.len() as u64, mtime)
@@ -83,16 +70,7 @@ impl SnapshotRepository {
             }
             // A tar ends with two empty blocks.
             write(Bytes::from_static(&[0u8; 2 * TAR_BLOCK])).await?;
-            let mut tar = tar.into_inner();
-            tar.flush().await.map_err(io("write", &partial))?;
-            tar.get_mut()
-                .sync_all()
-                .await
-                .map_err(io("sync", &partial))?;
-            drop(tar);
-            tokio::fs::rename(&partial, out)
-                .await
-                .map_err(io("rename", &partial))?;
+            tar.finish(out).await?;
             Ok(bytes)
         }
         .await;
