@@ -123,13 +123,7 @@ async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
 
     // A lost write at the end of the log: its last record (the last key) loses a few bytes.
     let segment = last_segment(dir.path(), DAMAGED);
-    let len = std::fs::metadata(&segment).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len - 5)
-        .unwrap();
+    shrink(&segment, 5);
 
     // Twice: the partition stays down with both LSNs, and nothing is appended to its log, so a
     // restart never serves a different record at an LSN the store applied.
@@ -193,13 +187,7 @@ async fn write_then_cut_the_log(dir: &Path, keys: &[String]) -> u64 {
     let (applied, _, _) = partition_row(&server.address, DAMAGED).await;
     server.stop();
     let segment = last_segment(dir, DAMAGED);
-    let len = std::fs::metadata(&segment).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len - 5)
-        .unwrap();
+    shrink(&segment, 5);
     applied
 }
 
@@ -509,12 +497,13 @@ fn fill_up(path: &Path) {
     {}
 }
 
-/// Gives back `bytes` of the file system that `fill_up` filled, as an operator deleting a file.
-fn shrink(filler: &Path, bytes: u64) {
-    let len = std::fs::metadata(filler).unwrap().len();
+/// Cuts `bytes` off the end of `file`: a log segment that lost its last write, or the file that
+/// `fill_up` wrote, giving room back as an operator deleting a file would.
+fn shrink(file: &Path, bytes: u64) {
+    let len = std::fs::metadata(file).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
-        .open(filler)
+        .open(file)
         .unwrap()
         .set_len(len.saturating_sub(bytes))
         .unwrap();
@@ -755,13 +744,7 @@ async fn a_snapshot_of_records_the_log_lost_is_not_replayed_over_new_ones() {
     ));
     server.stop();
     let segment = last_segment(dir.path(), DAMAGED);
-    let len = std::fs::metadata(&segment).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap()
-        .set_len(len - 5)
-        .unwrap();
+    shrink(&segment, 5);
     // The operator accepts the loss, as offered, and writes on: the log now holds different
     // records at and after the snapshot's LSN.
     let base_dir = dir.path().to_str().unwrap();

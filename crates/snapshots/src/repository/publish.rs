@@ -162,20 +162,7 @@ impl SnapshotRepository {
             duration,
             metadata,
         };
-        // The caller reports the publish to the operator (the node does, once per snapshot).
-        tracing::debug!(
-            %snapshot_id,
-            %partition,
-            lsn = %report.min_applied_lsn,
-            files = report.files,
-            total_bytes = report.total_bytes,
-            uploaded_files = report.uploaded_files,
-            uploaded_bytes = report.uploaded_bytes,
-            evicted = report.evicted.len(),
-            duration = ?report.duration,
-            destination = %self.destination(),
-            "published snapshot"
-        );
+        // The caller reports the publish to the operator (the worker logs it once per snapshot).
         Ok(report)
     }
 
