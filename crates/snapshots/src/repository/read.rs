@@ -223,12 +223,7 @@ impl SnapshotRepository {
         staging_dir: &Path,
     ) -> Result<u64> {
         // Validated with the metadata.
-        let name = file
-            .file_name()
-            .map_err(|problem| Error::MalformedMetadata {
-                location: format!("metadata of snapshot {snapshot_id}"),
-                reason: problem.to_string(),
-            })?;
+        let name = stored_file_name(snapshot_id, file)?;
         let target = staging_dir.join(name);
         let partial = staging_dir.join(format!("{name}.partial"));
         if let Some(source) = self.local_file(partition, snapshot_id, file)? {
@@ -369,4 +364,14 @@ impl PartialFile {
             .await
             .map_err(io("rename", &self.path))
     }
+}
+
+/// The name under which `file` of snapshot `snapshot_id` is written to disk (checked when its
+/// metadata was read; refused here too rather than trusted).
+pub(super) fn stored_file_name(snapshot_id: SnapshotId, file: &SnapshotFile) -> Result<&str> {
+    file.file_name()
+        .map_err(|problem| Error::MalformedMetadata {
+            location: format!("metadata of snapshot {snapshot_id}"),
+            reason: problem.to_string(),
+        })
 }

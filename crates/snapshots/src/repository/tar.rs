@@ -3,8 +3,8 @@
 
 use super::SnapshotRepository;
 use super::hashing::io;
-use super::read::PartialFile;
-use crate::{Error, Result, SnapshotId};
+use super::read::{PartialFile, stored_file_name};
+use crate::{Result, SnapshotId};
 use bytes::Bytes;
 use cairn_types::PartitionId;
 use std::path::{Path, PathBuf};
@@ -55,12 +55,7 @@ impl SnapshotRepository {
 
             let mut bytes = 0;
             for file in &metadata.files {
-                let name = file
-                    .file_name()
-                    .map_err(|problem| Error::MalformedMetadata {
-                        location: format!("metadata of snapshot {snapshot_id}"),
-                        reason: problem.to_string(),
-                    })?;
+                let name = stored_file_name(snapshot_id, file)?;
                 write(tar_header(name, file.size, mtime).map_err(io("write", &partial))?).await?;
                 let size = self
                     .read_file_checked(partition, snapshot_id, file, write)
