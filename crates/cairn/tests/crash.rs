@@ -160,3 +160,49 @@ async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
         all.winners.len()
     );
 }
+
+/// The partition store keeps no write-ahead log: what it applied since its last flush lives in
+/// memtables only. A SIGKILL loses them, and the restart rebuilds them from the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_its_memtables_to_sigkill_is_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let keys: Vec<String> = (0..3000).map(|i| format!("unflushed-{i}")).collect();
+    support::put_keys(&server.address, &keys, 100).await;
+    let applied_before = support::partition_columns(&server.address, 0)[4].clone();
+    server.kill();
+
+    let server = Server::start(dir.path());
+    support::assert_keys_there(&server.address, &keys).await;
+    let columns = support::partition_columns(&server.address, 0);
+    assert_eq!(columns[8], "active", "{columns:?}");
+    // The announcement of the restart comes on top of what was applied before.
+    assert!(
+        columns[4].parse::<u64>().unwrap() > applied_before.parse::<u64>().unwrap(),
+        "{columns:?} (applied before the kill: {applied_before})"
+    );
+}
+
+/// Trimming a log first flushes what its store applied: a SIGKILL right after the trim loses the
+/// memtables, and the records that rebuild them must still be in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_followed_by_sigkill_loses_nothing_the_store_had_not_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let keys = support::keys_of_partition("trimmed", 0, 400);
+    support::put_keys(&server.address, &keys, 20).await;
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let applied: u64 = support::partition_columns(&server.address, 0)[4]
+        .parse()
+        .unwrap();
+    // No snapshot covers the records, hence `force`.
+    client.trim_log(0, applied, true).await.unwrap();
+    server.kill();
+
+    let server = Server::start(dir.path());
+    let columns = support::partition_columns(&server.address, 0);
+    assert_eq!(columns[8], "active", "{columns:?}");
+    support::assert_keys_there(&server.address, &keys).await;
+}

@@ -145,7 +145,7 @@ impl KeyValueService {
     /// may carry: a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an
     /// answer that no gRPC message can hold. Keys are read a few at a time, so no more than one
     /// chunk's values past the bound are ever held.
-    fn get_within_bound(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Status> {
+    async fn get_within_bound(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Status> {
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
@@ -155,7 +155,7 @@ impl KeyValueService {
             let partition = self.partition(pid)?;
             for chunk in indices.chunks(CHUNK) {
                 let mine: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
-                let values = partition.get(&mine).map_err(status_of)?;
+                let values = partition.get(&mine).await.map_err(status_of)?;
                 total += values.iter().flatten().map(Bytes::len).sum::<usize>();
                 validate::answer_bytes(total, keys.len())?;
                 for (&index, value) in chunk.iter().zip(values) {
@@ -231,7 +231,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::GetResponse>, Status> {
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let values = self.get_within_bound(&keys)?;
+        let values = self.get_within_bound(&keys).await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -270,6 +270,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
                 let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
                 partition
                     .get(&mine)
+                    .await
                     .map(|values| values.into_iter().map(|v| v.is_some()).collect())
             })
             .await?;

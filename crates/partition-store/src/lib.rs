@@ -17,8 +17,18 @@
 //!
 //! # Crash consistency
 //! Data and the applied LSN are written in one `WriteBatch`: after any crash the store holds the
-//! effects of exactly the records up to its applied LSN. Writes are not synced: the log is the
-//! durable copy and the processor replays whatever the store lost.
+//! effects of exactly the records up to its applied LSN.
+//!
+//! The store keeps no write-ahead log of its own (`disable_wal`): the partition's log is already
+//! the durable copy of every write, and a second one would cost a write per batch for nothing.
+//! What a crash loses is the memtables, that is, the newest records' effects together with the
+//! applied LSN that covers them (both live in the partition's column family, and a column
+//! family's flush writes them out together). The store then reopens at the applied LSN of its last
+//! flush and the processor replays the rest from the log. That holds as long as the log still has
+//! those records, so whoever trims a log first calls [`PartitionStore::flush`] (the worker does,
+//! in `Partition::trim_log`): the log is never trimmed past what the store has on disk. Exports
+//! flush too, so a snapshot never covers more than its files hold. On a clean shutdown RocksDB
+//! flushes every memtable itself.
 
 mod keys;
 mod store;

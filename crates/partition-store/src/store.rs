@@ -320,18 +320,38 @@ impl PartitionStore {
     /// The value stored under `key`, expired or not: the caller decides with
     /// [`StoredValue::is_live_at`], using whatever clock its determinism demands.
     pub fn get(&self, key: &[u8]) -> Result<Option<StoredValue>> {
-        let Some(raw) = self.get_raw(&keys::data_key(key))? else {
-            return Ok(None);
-        };
-        let (expires_at_ms, value) = keys::decode_value(&raw).map_err(|detail| Error::Corrupt {
+        self.get_raw(&keys::data_key(key))?
+            .map(|raw| self.decode_stored(&raw))
+            .transpose()
+    }
+
+    /// The values stored under `keys`, in order, expired or not, read in one batched lookup.
+    pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<StoredValue>>> {
+        let cf = self.cf()?;
+        let data_keys: Vec<Vec<u8>> = keys.iter().map(|k| keys::data_key(k.as_ref())).collect();
+        self.db
+            .batched_multi_get_cf(&cf, &data_keys, false)
+            .into_iter()
+            .map(|raw| {
+                let raw = raw.map_err(|source| Error::RocksDb {
+                    context: "read",
+                    source,
+                })?;
+                raw.map(|raw| self.decode_stored(&raw)).transpose()
+            })
+            .collect()
+    }
+
+    fn decode_stored(&self, raw: &[u8]) -> Result<StoredValue> {
+        let (expires_at_ms, value) = keys::decode_value(raw).map_err(|detail| Error::Corrupt {
             partition: self.id,
             what: "value",
             detail,
         })?;
-        Ok(Some(StoredValue {
+        Ok(StoredValue {
             value,
             expires_at_ms,
-        }))
+        })
     }
 
     /// LSN of the last log record applied to this store; 0 if none.
@@ -388,7 +408,8 @@ impl PartitionStore {
             }
         }
         let mut options = WriteOptions::default();
-        options.set_sync(false);
+        // The log is the write-ahead log: see the crate's *Crash consistency*.
+        options.disable_wal(true);
         self.db
             .write_opt(&rocks, &options)
             .map_err(|source| Error::RocksDb {
@@ -623,6 +644,34 @@ mod tests {
             &imported.get(b"k2-99").unwrap().unwrap().value[..],
             &[2; 10]
         );
+    }
+
+    #[test]
+    fn multi_get_answers_each_key_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"a", b"1", None);
+        batch.put(b"c", b"3", Some(50));
+        store.commit(batch).unwrap();
+        store.flush().unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"b", b"2", None);
+        store.commit(batch).unwrap();
+
+        let got = store
+            .multi_get(&[&b"c"[..], b"x", b"a", b"b", b"a"])
+            .unwrap();
+        let values: Vec<Option<&[u8]>> = got
+            .iter()
+            .map(|v| v.as_ref().map(|v| &v.value[..]))
+            .collect();
+        assert_eq!(
+            values,
+            [Some(&b"3"[..]), None, Some(b"1"), Some(b"2"), Some(b"1")]
+        );
+        assert_eq!(got[0].as_ref().unwrap().expires_at_ms, Some(50));
     }
 
     #[test]

@@ -281,19 +281,26 @@ impl Partition {
         }
     }
 
-    /// Current values of `keys` (`None` for absent or expired), read from the leader's store.
-    pub fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
+    /// Current values of `keys` (`None` for absent or expired), read from the leader's store in
+    /// one batched lookup on a blocking thread.
+    pub async fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
         self.serving_epoch()?;
         let now = self.clock.now_ms();
-        keys.iter()
-            .map(|key| {
-                let value = self
-                    .store
-                    .get(key)
-                    .map_err(|err| store_error(self.id(), "read key", err))?;
-                Ok(value.filter(|v| v.is_live_at(now)).map(|v| v.value))
-            })
-            .collect()
+        let store = self.store.clone();
+        let keys = keys.to_vec();
+        let id = self.id();
+        let values = tokio::task::spawn_blocking(move || store.multi_get(&keys))
+            .await
+            .map_err(|err| Error::Storage {
+                partition: id,
+                context: "read keys",
+                source: err.into(),
+            })?
+            .map_err(|err| store_error(id, "read keys", err))?;
+        Ok(values
+            .into_iter()
+            .map(|value| value.filter(|v| v.is_live_at(now)).map(|v| v.value))
+            .collect())
     }
 
     /// Trims the log up to `up_to`. Refuses to trim past what this partition has applied, since
@@ -309,6 +316,18 @@ impl Partition {
                 ),
             });
         }
+        // The store keeps no write-ahead log of its own: what it applied but has not flushed
+        // lives only in memory and is replayed from the log after a crash, so those records must
+        // stay in the log until they are on disk.
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .map_err(|err| Error::Storage {
+                partition: self.id(),
+                context: "flush before trimming the log",
+                source: err.into(),
+            })?
+            .map_err(|err| store_error(self.id(), "flush before trimming the log", err))?;
         self.log
             .trim(up_to)
             .await

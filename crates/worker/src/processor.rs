@@ -5,8 +5,16 @@
 //! effect depends only on the store before it and on the record itself (its epoch and its
 //! timestamp), never on the applying node's clock or role.
 //!
+//! # Runs of records
+//! The processor applies what one read of the log returns (up to [`READ_BATCH_RECORDS_MAX`]
+//! records) as one run: one RocksDB write batch and one commit, on a blocking thread. The keys
+//! every insert-if-absent of the run asks about are looked up in one batched read first; a write
+//! earlier in the same run is seen through an overlay of the batch, so each record's answer is
+//! what it would be had the records been applied one by one. Callers are answered only once the
+//! run is committed.
+//!
 //! # Crash consistency
-//! A record's effects and the new applied LSN go into one write batch. After a crash the store
+//! A run's effects and the new applied LSN go into one write batch. After a crash the store
 //! reflects exactly the records up to its applied LSN, and the processor continues from the next.
 //!
 //! # A log that lost records
@@ -22,11 +30,12 @@
 
 use crate::partition::Shared;
 use crate::{Error, Result};
-use cairn_log::Loglet;
-use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore};
+use bytes::Bytes;
+use cairn_log::{Entry, Loglet};
+use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, PartitionWriteBatch};
 use cairn_types::Lsn;
-use cairn_types::record::{Command, Envelope};
-use std::collections::HashSet;
+use cairn_types::record::{Command, Envelope, Origin};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
@@ -129,28 +138,7 @@ impl Processor {
                 continue;
             }
             read_len = next_read_len(entries.iter().map(|e| e.payload.len()).sum(), entries.len());
-            for entry in entries {
-                if entry.lsn != self.applied.next() {
-                    // Applying it would diverge: at best a record applied twice, at worst
-                    // different records at LSNs already applied.
-                    return Err(Error::Stopped {
-                        partition,
-                        reason: format!(
-                            "the log returned LSN {} where {} was expected (the store has applied \
-                             up to LSN {}); restart the node, and if this repeats restore the \
-                             partition from a snapshot",
-                            entry.lsn,
-                            self.applied.next(),
-                            self.applied
-                        ),
-                    });
-                }
-                let envelope = Envelope::decode(&entry.payload).map_err(|err| Error::Stopped {
-                    partition,
-                    reason: format!("record at LSN {} cannot be decoded: {err}", entry.lsn),
-                })?;
-                self.apply_when_room(entry.lsn, envelope).await?;
-            }
+            self.apply_when_room(entries).await?;
             crate::testing::pause_point_of("replay", partition).await;
         }
     }
@@ -175,19 +163,35 @@ impl Processor {
         Ok(())
     }
 
-    /// Applies one record; while the store's disk is full, retries until RocksDB resumes
-    /// writing (it does so by itself once there is room) instead of stopping the partition. The
-    /// partition says meanwhile that its store is full, so that new writes are refused at once
-    /// and reads go on; exports asked for meanwhile are answered (they fail on the full disk).
-    async fn apply_when_room(&mut self, lsn: Lsn, envelope: Envelope) -> Result<()> {
+    /// Applies a run of records in one write batch, on a blocking thread; while the store's disk
+    /// is full, retries until RocksDB resumes writing (it does so by itself once there is room)
+    /// instead of stopping the partition. The partition says meanwhile that its store is full, so
+    /// that new writes are refused at once and reads go on; exports asked for meanwhile are
+    /// answered (they fail on the full disk).
+    async fn apply_when_room(&mut self, entries: Vec<Entry>) -> Result<()> {
         let partition = self.shared.id;
+        let entries = Arc::new(entries);
         let mut full_since = None;
         loop {
-            match self.apply(lsn, envelope.clone()) {
+            let run = Run {
+                shared: self.shared.clone(),
+                store: self.store.clone(),
+                leader: self.leader.clone(),
+                applied: self.applied,
+            };
+            let records = entries.clone();
+            let outcome = tokio::task::spawn_blocking(move || run.apply(&records))
+                .await
+                .map_err(|err| Error::Storage {
+                    partition,
+                    context: "apply records",
+                    source: err.into(),
+                })?;
+            match outcome {
                 Err(Error::StoreDiskFull { source, .. }) => {
                     if full_since.is_none() {
-                        warn!(%partition, %lsn, "the partition store's disk is full; applying \
-                              the log waits until there is room again: {source}");
+                        warn!(%partition, from = %self.applied.next(), "the partition store's disk \
+                              is full; applying the log waits until there is room again: {source}");
                         full_since = Some(std::time::Instant::now());
                     }
                     self.shared.set_store_full(Some(source));
@@ -196,15 +200,23 @@ impl Processor {
                         Some(request) = self.exports.recv() => self.export(request).await,
                     }
                 }
-                result => {
+                Err(err) => return Err(err),
+                Ok(applied) => {
                     if let Some(since) = full_since {
-                        info!(%partition, %lsn, waited_ms = since.elapsed().as_millis() as u64,
+                        info!(%partition, lsn = %applied.lsn, waited_ms = since.elapsed().as_millis() as u64,
                               "the partition store accepts writes again; applying the log resumes");
                         self.shared.set_store_full(None);
                     }
-                    return result;
+                    self.applied = applied.lsn;
+                    self.leader = applied.leader;
+                    // Records the run did not reach (it stopped at a bad one) are not applied.
+                    return match applied.stopped {
+                        Some(err) => Err(err),
+                        None => Ok(()),
+                    };
                 }
             }
+            // Only a full disk loops, and it applied nothing: the same records again.
         }
     }
 
@@ -224,21 +236,160 @@ impl Processor {
         // The requester may have given up; the export folder is then cleaned up at next start.
         let _ = request.reply.send(exported);
     }
+}
 
-    fn apply(&mut self, lsn: Lsn, envelope: Envelope) -> Result<()> {
+/// Where a run of records left the partition.
+struct Applied {
+    lsn: Lsn,
+    leader: Option<LeaderState>,
+    /// Why the run stopped before its last record, if it did: the records before that one are
+    /// applied, it and the ones after it are not.
+    stopped: Option<Error>,
+}
+
+/// A run of records to apply together, with the state the processor is in before the first.
+struct Run {
+    shared: Arc<Shared>,
+    store: PartitionStore,
+    leader: Option<LeaderState>,
+    applied: Lsn,
+}
+
+/// Whether a key holds a value, and if so its expiry (`Some(None)`: never expires).
+type Presence = Option<Option<u64>>;
+
+/// Writes of the run so far, by key: what a later insert-if-absent of the same run must see,
+/// since the store itself only sees them once the whole batch commits.
+type Overlay = HashMap<Bytes, Presence>;
+
+fn is_live(present: Presence, now_ms: u64) -> bool {
+    present.is_some_and(|expiry| expiry.is_none_or(|at| now_ms < at))
+}
+
+impl Run {
+    /// Applies `entries` (which start right after the applied LSN) in one write batch: their
+    /// effects and the new applied LSN are committed together, then their callers are answered.
+    /// Stops at the first record that cannot be applied without diverging, committing the ones
+    /// before it. Fails with [`Error::StoreDiskFull`] having applied nothing.
+    fn apply(mut self, entries: &[Entry]) -> Result<Applied> {
         let partition = self.shared.id;
-        let header = envelope.header;
         let mut batch = self.store.write_batch();
-        // Taken on only once the batch is committed: a commit refused for a full disk is retried,
-        // and the retry must not find its own announcement already in place.
-        let mut announced = None;
+        let mut overlay = Overlay::new();
+        let stored = self.read_insert_if_absent_keys(entries)?;
+        let mut answers = Vec::with_capacity(entries.len());
+        let mut announced = false;
+        let mut stopped = None;
+        for entry in entries {
+            match self.apply_one(entry, &mut batch, &mut overlay, &stored) {
+                Ok((origin, outcome)) => {
+                    announced |= matches!(outcome, Ok(Outcome::Announced));
+                    self.applied = entry.lsn;
+                    if let Some(origin) = origin {
+                        answers.push((origin, outcome));
+                    }
+                }
+                Err(err) => {
+                    stopped = Some(err);
+                    break;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            batch.set_applied_lsn(self.applied);
+            self.store.commit(batch).map_err(|err| {
+                if err.is_disk_full() {
+                    Error::StoreDiskFull {
+                        partition,
+                        source: Arc::new(err),
+                    }
+                } else {
+                    store_error(partition, "apply records", err)
+                }
+            })?;
+        }
+        if announced {
+            self.shared.leader.send_replace(self.leader.clone());
+        }
+        self.shared.applied.send_replace(self.applied);
+        for (origin, outcome) in answers {
+            self.shared.complete(&origin, outcome);
+        }
+        Ok(Applied {
+            lsn: self.applied,
+            leader: self.leader,
+            stopped,
+        })
+    }
+
+    /// Whether and until when the store holds a value for every key that an insert-if-absent of
+    /// the run asks about, in one batched lookup before anything is applied.
+    fn read_insert_if_absent_keys(&self, entries: &[Entry]) -> Result<HashMap<Bytes, Presence>> {
+        let mut keys: Vec<Bytes> = Vec::new();
+        let mut asked = HashSet::new();
+        for entry in entries {
+            // A record that does not decode is reported where the run reaches it.
+            if let Ok(Envelope {
+                command:
+                    Command::InsertIfAbsent {
+                        keys: of_record, ..
+                    },
+                ..
+            }) = Envelope::decode(&entry.payload)
+            {
+                keys.extend(of_record.into_iter().filter(|k| asked.insert(k.clone())));
+            }
+        }
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let values = self
+            .store
+            .multi_get(&keys)
+            .map_err(|err| store_error(self.shared.id, "read keys", err))?;
+        Ok(keys
+            .into_iter()
+            .zip(values)
+            .map(|(key, value)| (key, value.map(|v| v.expires_at_ms)))
+            .collect())
+    }
+
+    /// Adds one record's effects to `batch`. Returns who proposed it (if anyone) and what to
+    /// answer them, or why the partition must stop before this record.
+    fn apply_one(
+        &mut self,
+        entry: &Entry,
+        batch: &mut PartitionWriteBatch,
+        overlay: &mut Overlay,
+        stored: &HashMap<Bytes, Presence>,
+    ) -> Result<(Option<Origin>, Result<Outcome>)> {
+        let partition = self.shared.id;
+        let lsn = entry.lsn;
+        if lsn != self.applied.next() {
+            // Applying it would diverge: at best a record applied twice, at worst different
+            // records at LSNs already applied.
+            return Err(Error::Stopped {
+                partition,
+                reason: format!(
+                    "the log returned LSN {lsn} where {} was expected (the store has applied up \
+                     to LSN {}); restart the node, and if this repeats restore the partition \
+                     from a snapshot",
+                    self.applied.next(),
+                    self.applied
+                ),
+            });
+        }
+        let envelope = Envelope::decode(&entry.payload).map_err(|err| Error::Stopped {
+            partition,
+            reason: format!("record at LSN {lsn} cannot be decoded: {err}"),
+        })?;
+        let header = envelope.header;
         let outcome = match envelope.command {
             Command::AnnounceLeader { epoch, node } => {
                 if self.leader.as_ref().is_none_or(|l| epoch > l.epoch) {
                     info!(%partition, %lsn, %epoch, %node, "leader announced");
                     let leader = LeaderState { epoch, node };
                     batch.set_leader(&leader);
-                    announced = Some(leader);
+                    self.leader = Some(leader);
                     Ok(Outcome::Announced)
                 } else {
                     Err(self.fenced())
@@ -249,22 +400,7 @@ impl Processor {
             // history (restored from a snapshot of records the log has since lost). Skipping it
             // as fenced would silently drop acknowledged writes.
             _ if self.leader.as_ref().is_none_or(|l| header.epoch > l.epoch) => {
-                return Err(Error::Stopped {
-                    partition,
-                    reason: format!(
-                        "the record at LSN {lsn} is of epoch {}, whose announcement this store \
-                         never applied (its leader epoch is {}): the store does not continue \
-                         this log's history, as when it was restored from a snapshot of records \
-                         the log has since lost. Nothing was skipped. Restore the partition from \
-                         an older snapshot (`cairnctl partitions restore -p {partition} \
-                         --snapshot <id>`), or stop the node, run `cairn drop-partition -p \
-                         {partition}` and start it to rebuild the store from the log",
-                        header.epoch,
-                        self.leader
-                            .as_ref()
-                            .map_or_else(|| "none".to_string(), |l| l.epoch.to_string()),
-                    ),
-                });
+                return Err(self.not_this_history(lsn, header.epoch));
             }
             _ if self.leader.as_ref().map(|l| l.epoch) != Some(header.epoch) => {
                 debug!(%partition, %lsn, epoch = %header.epoch, "skipping record of another epoch");
@@ -274,12 +410,14 @@ impl Processor {
                 for entry in entries {
                     let expiry = entry.ttl_ms.map(|t| header.timestamp_ms.saturating_add(t));
                     batch.put(&entry.key, &entry.value, expiry);
+                    overlay.insert(entry.key, Some(expiry));
                 }
                 Ok(Outcome::Done)
             }
             Command::Delete { keys } => {
                 for key in keys {
                     batch.delete(&key);
+                    overlay.insert(key, None);
                 }
                 Ok(Outcome::Done)
             }
@@ -288,47 +426,46 @@ impl Processor {
                 value,
                 ttl_ms,
             } => {
-                let expiry = ttl_ms.map(|t| header.timestamp_ms.saturating_add(t));
+                let now = header.timestamp_ms;
+                let expiry = ttl_ms.map(|t| now.saturating_add(t));
                 let mut seen = HashSet::with_capacity(keys.len());
                 let mut inserted = Vec::with_capacity(keys.len());
                 for key in keys {
-                    let absent = seen.insert(key.clone())
-                        && !self
-                            .store
-                            .get(&key)
-                            .map_err(|err| store_error(partition, "read key", err))?
-                            .is_some_and(|v| v.is_live_at(header.timestamp_ms));
+                    let present = overlay
+                        .get(&key)
+                        .or_else(|| stored.get(&key))
+                        .copied()
+                        .flatten();
+                    let absent = seen.insert(key.clone()) && !is_live(present, now);
                     if absent {
                         batch.put(&key, &value, expiry);
+                        overlay.insert(key, Some(expiry));
                     }
                     inserted.push(absent);
                 }
                 Ok(Outcome::Inserted(inserted))
             }
         };
-        batch.set_applied_lsn(lsn);
-        self.store.commit(batch).map_err(|err| {
-            if err.is_disk_full() {
-                Error::StoreDiskFull {
-                    partition,
-                    source: Arc::new(err),
-                }
-            } else {
-                store_error(partition, "apply record", err)
-            }
-        })?;
-        if announced.is_some() {
-            self.leader = announced;
+        Ok((header.origin, outcome))
+    }
+
+    fn not_this_history(&self, lsn: Lsn, epoch: cairn_types::Epoch) -> Error {
+        let partition = self.shared.id;
+        Error::Stopped {
+            partition,
+            reason: format!(
+                "the record at LSN {lsn} is of epoch {epoch}, whose announcement this store \
+                 never applied (its leader epoch is {}): the store does not continue this log's \
+                 history, as when it was restored from a snapshot of records the log has since \
+                 lost. Nothing was skipped. Restore the partition from an older snapshot \
+                 (`cairnctl partitions restore -p {partition} --snapshot <id>`), or stop the \
+                 node, run `cairn drop-partition -p {partition}` and start it to rebuild the \
+                 store from the log",
+                self.leader
+                    .as_ref()
+                    .map_or_else(|| "none".to_string(), |l| l.epoch.to_string()),
+            ),
         }
-        self.applied = lsn;
-        if matches!(outcome, Ok(Outcome::Announced)) {
-            self.shared.leader.send_replace(self.leader.clone());
-        }
-        self.shared.applied.send_replace(lsn);
-        if let Some(origin) = header.origin {
-            self.shared.complete(&origin, outcome);
-        }
-        Ok(())
     }
 
     fn fenced(&self) -> Error {

@@ -179,13 +179,16 @@ async fn a_restarted_node_serves_only_after_announcing_again() {
     // Same node name, new incarnation: the stored leader is "n1" at epoch 1, but this handle has
     // not announced itself, so it must not serve.
     let n1b = f.start(&stores, "n1", Arc::new(ManualClock::new(5)));
-    assert!(matches!(n1b.get(&[key("k")]), Err(Error::NotLeader { .. })));
+    assert!(matches!(
+        n1b.get(&[key("k")]).await,
+        Err(Error::NotLeader { .. })
+    ));
     assert!(matches!(
         n1b.become_leader(Epoch(1)).await,
         Err(Error::Fenced { .. })
     ));
     n1b.become_leader(Epoch(2)).await.unwrap();
-    assert_eq!(n1b.get(&[key("k")]).unwrap(), vec![None]);
+    assert_eq!(n1b.get(&[key("k")]).await.unwrap(), vec![None]);
 }
 
 #[tokio::test]
@@ -210,7 +213,10 @@ async fn ttl_expiry_comes_from_the_record_and_replays_identically() {
             .unwrap(),
         vec![false]
     );
-    assert_eq!(n1.get(&[key("session")]).unwrap(), vec![Some(key("s"))]);
+    assert_eq!(
+        n1.get(&[key("session")]).await.unwrap(),
+        vec![Some(key("s"))]
+    );
 
     clock.set(1_200);
     // The first insert expired at 1_100: this one wins again.
@@ -221,7 +227,7 @@ async fn ttl_expiry_comes_from_the_record_and_replays_identically() {
         vec![true]
     );
     clock.set(1_500);
-    assert_eq!(n1.get(&[key("session")]).unwrap(), vec![None]);
+    assert_eq!(n1.get(&[key("session")]).await.unwrap(), vec![None]);
 
     assert_eq!(
         stored(&stores, "session").unwrap().expires_at_ms,
@@ -247,6 +253,88 @@ async fn duplicate_keys_in_one_insert_are_admitted_once() {
         .await
         .unwrap();
     assert_eq!(inserted, vec![true, true, false]);
+}
+
+/// Records that reach the processor together are applied as one write batch; each one still
+/// sees the effects of the ones before it, as if they were applied one by one.
+#[tokio::test]
+async fn records_applied_together_see_each_others_writes() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    let insert = |keys: &[&str], value: &str| Command::InsertIfAbsent {
+        keys: keys.iter().map(|k| key(k)).collect(),
+        value: key(value),
+        ttl_ms: None,
+    };
+    let commands = [
+        insert(&["a", "b"], "first"),
+        Command::Delete {
+            keys: vec![key("a")],
+        },
+        insert(&["a", "b", "c"], "second"),
+        Command::Put {
+            entries: put("a", "put", None),
+        },
+        insert(&["a"], "third"),
+    ];
+    let payloads = commands
+        .into_iter()
+        .map(|command| {
+            Envelope {
+                header: Header {
+                    epoch: Epoch(1),
+                    timestamp_ms: 10,
+                    origin: None,
+                },
+                command,
+            }
+            .encode()
+        })
+        .collect();
+    // One append: the processor finds all five records at once.
+    let tail = f.log.append(payloads).await.unwrap();
+    n1.wait_applied(tail).await.unwrap();
+    assert_eq!(
+        n1.get(&[key("a"), key("b"), key("c")]).await.unwrap(),
+        vec![Some(key("put")), Some(key("first")), Some(key("second"))]
+    );
+}
+
+/// The deduplication primitive under contention: of many concurrent inserts of one key, which
+/// the processor applies in runs, exactly one is told it inserted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_inserts_of_one_key_admit_exactly_one() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
+    n1.become_leader(Epoch(1)).await.unwrap();
+    for round in 0..5 {
+        let contested = key(&format!("contested-{round}"));
+        let attempts: Vec<_> = (0..64)
+            .map(|i| {
+                let n1 = n1.clone();
+                let contested = contested.clone();
+                tokio::spawn(async move {
+                    n1.insert_if_absent(vec![contested], key(&i.to_string()), None)
+                        .await
+                        .unwrap()[0]
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for (i, attempt) in attempts.into_iter().enumerate() {
+            if attempt.await.unwrap() {
+                winners.push(i);
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        assert_eq!(
+            n1.get(&[contested]).await.unwrap(),
+            vec![Some(key(&winners[0].to_string()))]
+        );
+    }
 }
 
 #[tokio::test]
@@ -285,7 +373,7 @@ async fn reopen_and_check(f: &Fixture, _dir: &Path, clock: Arc<ManualClock>) {
             .unwrap(),
         vec![false]
     );
-    assert_eq!(n1.get(&[key("k19")]).unwrap(), vec![Some(key("v"))]);
+    assert_eq!(n1.get(&[key("k19")]).await.unwrap(), vec![Some(key("v"))]);
 }
 
 #[tokio::test]
@@ -320,7 +408,10 @@ async fn a_trim_gap_stops_the_partition_with_the_reason() {
     let err = n1.wait_applied(tail).await.unwrap_err();
     assert!(err.to_string().contains("snapshot"), "{err}");
     assert!(n1.status().await.stopped.is_some());
-    assert!(matches!(n1.get(&[key("a")]), Err(Error::Stopped { .. })));
+    assert!(matches!(
+        n1.get(&[key("a")]).await,
+        Err(Error::Stopped { .. })
+    ));
 }
 
 #[tokio::test]
@@ -435,7 +526,7 @@ async fn a_store_ahead_of_its_log_stops_before_anything_is_appended() {
     let stopped = partition.status().await.stopped.expect("stopped");
     assert!(stopped.contains("records 3..=5"), "{stopped}");
     assert!(matches!(
-        partition.get(&[key("k0")]),
+        partition.get(&[key("k0")]).await,
         Err(Error::Stopped { .. })
     ));
 }
@@ -488,7 +579,7 @@ async fn a_full_disk_fails_writes_only_and_the_partition_recovers_by_itself() {
         }
         // Reads are served, and the processor is still running.
         assert_eq!(
-            partition.get(&[key("before")]).unwrap(),
+            partition.get(&[key("before")]).await.unwrap(),
             vec![Some(Bytes::from_static(b"1"))]
         );
         assert!(partition.status().await.stopped.is_none());
@@ -501,6 +592,7 @@ async fn a_full_disk_fails_writes_only_and_the_partition_recovers_by_itself() {
     assert_eq!(
         partition
             .get(&[key("before"), key("during"), key("after")])
+            .await
             .unwrap(),
         vec![
             Some(Bytes::from_static(b"1")),
