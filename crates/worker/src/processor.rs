@@ -91,10 +91,7 @@ impl Processor {
     pub async fn run(mut self, cancel: CancellationToken) {
         let partition = self.shared.id;
         info!(%partition, applied_lsn = %self.applied, "partition processor started");
-        let result = tokio::select! {
-            result = self.apply_loop() => result,
-            () = cancel.cancelled() => Ok(()),
-        };
+        let result = self.apply_loop(&cancel).await;
         let reason = match result {
             Ok(()) => "shut down".to_string(),
             Err(err) => {
@@ -105,7 +102,11 @@ impl Processor {
         self.shared.stop(reason);
     }
 
-    async fn apply_loop(&mut self) -> Result<()> {
+    /// Applies the log until it fails or `cancel` fires. Cancellation is looked at only where the
+    /// loop waits (for the log, for room, for a test's pause), never while a run is being
+    /// applied: the run goes on on its blocking thread whatever happens to this task, and whoever
+    /// cancels (a restore about to replace the store) waits for the task and must find it done.
+    async fn apply_loop(&mut self, cancel: &CancellationToken) -> Result<()> {
         let partition = self.shared.id;
         let mut read_len = READ_BATCH_RECORDS_MAX;
         loop {
@@ -113,7 +114,11 @@ impl Processor {
                 self.export(request).await;
             }
             let from = self.applied.next();
-            let entries = match self.log.read(from, read_len).await {
+            let read = tokio::select! {
+                read = self.log.read(from, read_len) => read,
+                () = cancel.cancelled() => return Ok(()),
+            };
+            let entries = match read {
                 Ok(entries) => entries,
                 Err(cairn_log::Error::Trimmed { trim_point, .. }) => {
                     return Err(Error::Stopped {
@@ -134,12 +139,18 @@ impl Processor {
                         waited.map_err(|err| log_error(partition, "wait for log", err))?;
                     }
                     Some(request) = self.exports.recv() => self.export(request).await,
+                    () = cancel.cancelled() => return Ok(()),
                 }
                 continue;
             }
             read_len = next_read_len(entries.iter().map(|e| e.payload.len()).sum(), entries.len());
-            self.apply_when_room(entries).await?;
-            crate::testing::pause_point_of("replay", partition).await;
+            if !self.apply_when_room(entries, cancel).await? {
+                return Ok(());
+            }
+            tokio::select! {
+                () = crate::testing::pause_point_of("replay", partition) => {}
+                () = cancel.cancelled() => return Ok(()),
+            }
         }
     }
 
@@ -168,7 +179,13 @@ impl Processor {
     /// instead of stopping the partition. The partition says meanwhile that its store is full, so
     /// that new writes are refused at once and reads go on; exports asked for meanwhile are
     /// answered (they fail on the full disk).
-    async fn apply_when_room(&mut self, entries: Vec<Entry>) -> Result<()> {
+    ///
+    /// Returns whether the run was applied: `false` if `cancel` fired while the store was full.
+    async fn apply_when_room(
+        &mut self,
+        entries: Vec<Entry>,
+        cancel: &CancellationToken,
+    ) -> Result<bool> {
         let partition = self.shared.id;
         let entries = Arc::new(entries);
         let mut full_since = None;
@@ -198,6 +215,7 @@ impl Processor {
                     tokio::select! {
                         () = tokio::time::sleep(STORE_FULL_RETRY) => {}
                         Some(request) = self.exports.recv() => self.export(request).await,
+                        () = cancel.cancelled() => return Ok(false),
                     }
                 }
                 Err(err) => return Err(err),
@@ -212,7 +230,7 @@ impl Processor {
                     // Records the run did not reach (it stopped at a bad one) are not applied.
                     return match applied.stopped {
                         Some(err) => Err(err),
-                        None => Ok(()),
+                        None => Ok(true),
                     };
                 }
             }
