@@ -65,9 +65,16 @@ impl Workload {
     }
 }
 
-/// The keys of request `seq` of client `client`. Reads spread over the `--read-keys` keys that
-/// [`read_key`] names and the run wrote beforehand.
-fn request_keys(args: &Args, workload: Workload, client: usize, seq: u64) -> Vec<Bytes> {
+/// The keys of request `seq` of client `client` in round `round`. Reads spread over the
+/// `--read-keys` keys that [`read_key`] names and the run wrote beforehand; writes never repeat a
+/// key, also across rounds (a key insert-if-absent already inserted would not be fresh).
+fn request_keys(
+    args: &Args,
+    workload: Workload,
+    round: usize,
+    client: usize,
+    seq: u64,
+) -> Vec<Bytes> {
     let n = workload.keys_per_request(args.batch);
     if workload.reads() {
         let first = (client as u64)
@@ -79,7 +86,7 @@ fn request_keys(args: &Args, workload: Workload, client: usize, seq: u64) -> Vec
     }
     let tag = workload.tag();
     (0..n)
-        .map(|j| Bytes::from(format!("{tag}-c{client}-{seq}-{j}")))
+        .map(|j| Bytes::from(format!("{tag}-r{round}-c{client}-{seq}-{j}")))
         .collect()
 }
 
@@ -177,6 +184,7 @@ pub async fn write_read_keys(args: &Args, connection: &mut Connection) -> anyhow
 pub async fn drive(
     args: &Args,
     workload: Workload,
+    round: usize,
     connections: Vec<Connection>,
 ) -> anyhow::Result<(Figures, Vec<Connection>)> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -190,7 +198,7 @@ pub async fn drive(
                 let mut recorder = Recorder::default();
                 let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let keys = request_keys(&args, workload, client, seq);
+                    let keys = request_keys(&args, workload, round, client, seq);
                     let n = keys.len();
                     let sent = Instant::now();
                     connection.send(&args, workload, keys).await?;
@@ -241,16 +249,18 @@ mod tests {
         let args = Args::parse_from(["cairn-bench", "--batch", "10", "--read-keys", "25"]);
         let written: std::collections::HashSet<Bytes> = (0..25).map(read_key).collect();
         for seq in 0..10 {
-            for key in request_keys(&args, Workload::GetBatch, 3, seq) {
+            for key in request_keys(&args, Workload::GetBatch, 1, 3, seq) {
                 assert!(written.contains(&key), "{key:?} was not written");
             }
         }
         let mut seen = std::collections::HashSet::new();
         for workload in Workload::ALL.into_iter().filter(|w| !w.reads()) {
-            for client in 0..3 {
-                for seq in 0..5 {
-                    for key in request_keys(&args, workload, client, seq) {
-                        assert!(seen.insert(key.clone()), "{key:?} written twice");
+            for round in 1..=2 {
+                for client in 0..3 {
+                    for seq in 0..5 {
+                        for key in request_keys(&args, workload, round, client, seq) {
+                            assert!(seen.insert(key.clone()), "{key:?} written twice");
+                        }
                     }
                 }
             }

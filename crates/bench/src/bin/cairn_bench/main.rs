@@ -7,7 +7,7 @@
 //! and the ratios Cairn/Redis and batched put Cairn/raw RocksDB.
 //!
 //! Run: `cargo build --release --workspace && $CARGO_TARGET_DIR/release/cairn-bench
-//! [--seconds 10] [--clients 32] [--batch 100]`
+//! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100]`
 
 mod cairn;
 mod drive;
@@ -17,7 +17,7 @@ mod rocksdb;
 use bytes::Bytes;
 use cairn_bench::report::progress;
 use clap::Parser;
-use drive::{Connection, Figures, Workload};
+use drive::{Figures, Workload};
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
@@ -29,6 +29,9 @@ struct Args {
     /// Concurrent clients, each with its own connection
     #[arg(long, default_value_t = 32)]
     clients: usize,
+    /// Times each workload runs, interleaved with the others; the report shows the median run
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Keys per request of the batched workloads (Redis: pipeline depth, keys per MGET)
     #[arg(long, default_value_t = 100)]
     batch: usize,
@@ -67,8 +70,12 @@ impl Args {
             "--seconds and --start-timeout must be more than 0"
         );
         anyhow::ensure!(
-            self.clients > 0 && self.batch > 0 && self.read_keys > 0 && self.partitions > 0,
-            "--clients, --batch, --read-keys and --partitions must be at least 1"
+            self.clients > 0
+                && self.batch > 0
+                && self.read_keys > 0
+                && self.partitions > 0
+                && self.rounds > 0,
+            "--clients, --batch, --read-keys, --partitions and --rounds must be at least 1"
         );
         anyhow::ensure!(self.ttl_secs > 0, "--ttl-secs must be at least 1");
         Ok(())
@@ -91,65 +98,78 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     println!(
-        "cairn-bench: {} clients, batches of {} keys, {}-byte values, {}s per workload, {} Cairn partitions",
-        args.clients, args.batch, args.value_bytes, args.seconds, args.partitions
+        "cairn-bench: {} clients, batches of {} keys, {}-byte values, {}s per workload, {} \
+         round(s), {} Cairn partitions",
+        args.clients, args.batch, args.value_bytes, args.seconds, args.rounds, args.partitions
     );
-    progress("raw RocksDB, synced batches");
-    let raw = rocksdb::synced_batches(&args)?;
-    let cairn = runtime.block_on(run_cairn(&args))?;
-    let redis = runtime.block_on(run_redis(&args))?;
+    let (cairn, redis, raw) = runtime.block_on(run_rounds(&args))?;
     print_report(&args, &cairn, &redis, &raw);
     Ok(())
 }
 
-async fn run_cairn(args: &Args) -> anyhow::Result<Vec<Figures>> {
+/// Runs every workload `--rounds` times, interleaved (raw RocksDB, then each workload on Cairn
+/// and right after on Redis), so that a noisy moment of the machine hits both sides alike.
+/// Returns, per workload, the round of median throughput of each side.
+async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Figures)> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
-    let figures = run_workloads(args, "Cairn", node.connections(args.clients).await?).await?;
-    node.shutdown().await?;
-    Ok(figures)
-}
+    let mut cairn_connections = node.connections(args.clients).await?;
+    progress(&format!("Cairn: writing {} keys to read", args.read_keys));
+    drive::write_read_keys(args, &mut cairn_connections[0]).await?;
 
-async fn run_redis(args: &Args) -> anyhow::Result<RedisRun> {
     progress("Redis: starting a server");
-    let Some(server) = redis::Server::start(&args.redis_server).await? else {
-        return Ok(RedisRun::Skipped(format!(
+    let redis_server = redis::Server::start(&args.redis_server).await?;
+    let mut redis_connections = match &redis_server {
+        Some(server) => {
+            let mut connections = server.connections(args.clients).await?;
+            progress(&format!("Redis: writing {} keys to read", args.read_keys));
+            drive::write_read_keys(args, &mut connections[0]).await?;
+            Some(connections)
+        }
+        None => None,
+    };
+
+    let mut raw = Vec::new();
+    let mut cairn: Vec<Vec<Figures>> = Workload::ALL.iter().map(|_| Vec::new()).collect();
+    let mut redis: Vec<Vec<Figures>> = Workload::ALL.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.rounds {
+        let of = format!("round {round}/{}", args.rounds);
+        progress(&format!("{of}: raw RocksDB, synced batches"));
+        let raw_args = args.clone();
+        raw.push(tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args)).await??);
+        for (i, workload) in Workload::ALL.into_iter().enumerate() {
+            progress(&format!("{of}: Cairn: {}", workload.name(args.batch)));
+            let (ran, back) = drive::drive(args, workload, round, cairn_connections).await?;
+            cairn[i].push(ran);
+            cairn_connections = back;
+            if let Some(connections) = redis_connections.take() {
+                progress(&format!("{of}: Redis: {}", workload.name(args.batch)));
+                let (ran, back) = drive::drive(args, workload, round, connections).await?;
+                redis[i].push(ran);
+                redis_connections = Some(back);
+            }
+        }
+    }
+    drop(cairn_connections);
+    node.shutdown().await?;
+    let redis = match redis_server {
+        Some(server) => RedisRun::Ran {
+            version: server.version.clone(),
+            figures: redis.into_iter().map(median).collect(),
+        },
+        None => RedisRun::Skipped(format!(
             "Redis skipped: {} is not installed (scripts/setup-debian.sh installs it; \
              --redis-server names another)",
             args.redis_server
-        )));
+        )),
     };
-    let figures = run_workloads(args, "Redis", server.connections(args.clients).await?).await?;
-    Ok(RedisRun::Ran {
-        version: server.version.clone(),
-        figures,
-    })
+    Ok((cairn.into_iter().map(median).collect(), redis, median(raw)))
 }
 
-/// Every workload of [`Workload::ALL`] in turn, on the same connections; the keys the reads read
-/// are written just before the first read.
-async fn run_workloads(
-    args: &Args,
-    system: &str,
-    mut connections: Vec<Connection>,
-) -> anyhow::Result<Vec<Figures>> {
-    let mut figures = Vec::new();
-    let mut read_keys_written = false;
-    for workload in Workload::ALL {
-        if workload.reads() && !read_keys_written {
-            progress(&format!(
-                "{system}: writing {} keys to read",
-                args.read_keys
-            ));
-            drive::write_read_keys(args, &mut connections[0]).await?;
-            read_keys_written = true;
-        }
-        progress(&format!("{system}: {}", workload.name(args.batch)));
-        let (ran, back) = drive::drive(args, workload, connections).await?;
-        figures.push(ran);
-        connections = back;
-    }
-    Ok(figures)
+/// The run of median throughput (the lower middle one of an even count).
+fn median(mut runs: Vec<Figures>) -> Figures {
+    runs.sort_by(|a, b| a.keys_per_second().total_cmp(&b.keys_per_second()));
+    runs.swap_remove((runs.len() - 1) / 2)
 }
 
 /// `keys/s p50 p99` of one run, in fixed columns.
