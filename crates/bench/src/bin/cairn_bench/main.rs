@@ -105,9 +105,10 @@ fn main() -> anyhow::Result<()> {
 async fn run_cairn(args: &Args) -> anyhow::Result<Vec<Figures>> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
-    let figures = run_workloads(args, "Cairn", node.connections(args.clients).await?).await?;
+    let figures =
+        async { run_workloads(args, "Cairn", node.connections(args.clients).await?).await }.await;
     node.shutdown().await?;
-    Ok(figures)
+    figures
 }
 
 async fn run_redis(args: &Args) -> anyhow::Result<RedisRun> {
@@ -119,10 +120,13 @@ async fn run_redis(args: &Args) -> anyhow::Result<RedisRun> {
             args.redis_server
         )));
     };
-    let figures = run_workloads(args, "Redis", server.connections(args.clients).await?).await?;
+    let figures =
+        async { run_workloads(args, "Redis", server.connections(args.clients).await?).await }.await;
+    let version = server.version.clone();
+    server.stop().await;
     Ok(RedisRun::Ran {
-        version: server.version.clone(),
-        figures,
+        version,
+        figures: figures?,
     })
 }
 
