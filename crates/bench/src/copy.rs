@@ -36,8 +36,8 @@ pub async fn copy_files(
     way: CopyWay,
     syncs: Syncs,
 ) -> anyhow::Result<Duration> {
-    std::fs::create_dir_all(target)?;
-    sync_disks();
+    tokio::fs::create_dir_all(target).await?;
+    sync_disks().await;
     let started = Instant::now();
     futures::stream::iter(files.iter().cloned())
         .map(|(source, name)| {

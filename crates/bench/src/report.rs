@@ -1,7 +1,6 @@
 //! How the benchmarks report: the figures on stdout, progress lines on stderr, sizes and times in
 //! one format.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub const MIB: f64 = 1024.0 * 1024.0;
@@ -77,9 +76,9 @@ impl Deciles {
 }
 
 /// Writes back every dirty page of the machine, so that a timed transfer does not pay for the
-/// writes of the step before it.
-pub fn sync_disks() {
-    match Command::new("sync").status() {
+/// writes of the step before it. Waits for `sync` without holding a runtime thread.
+pub async fn sync_disks() {
+    match tokio::process::Command::new("sync").status().await {
         Ok(status) if status.success() => {}
         other => eprintln!("sync failed ({other:?}); timings may include earlier writes"),
     }

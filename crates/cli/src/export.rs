@@ -29,24 +29,41 @@ pub(crate) async fn export_snapshot(
     snapshot_id: &str,
     output: &Path,
 ) -> anyhow::Result<()> {
-    if output.is_dir() {
-        bail!(
-            "{} is a folder; give -o a file name, such as {}",
-            output.display(),
-            output.join(format!("{snapshot_id}.tar")).display()
-        );
-    }
-    let temp = temp_file_beside(output)?;
+    // File-system calls run on blocking threads, off the thread that receives the stream.
+    let temp = tokio::task::spawn_blocking({
+        let (output, snapshot_id) = (output.to_path_buf(), snapshot_id.to_owned());
+        move || {
+            if output.is_dir() {
+                bail!(
+                    "{} is a folder; give -o a file name, such as {}",
+                    output.display(),
+                    output.join(format!("{snapshot_id}.tar")).display()
+                );
+            }
+            temp_file_beside(&output)
+        }
+    })
+    .await
+    .context("create the temporary file")??;
     // An interrupted export must not leave its temporary file behind (hidden, and as large as
-    // the snapshot): on Ctrl-C or SIGTERM the receive stops here and `temp` is removed on drop.
-    let (received, check) = tokio::select! {
-        done = receive_and_check(client, bar, snapshot_id, &temp) => done?,
-        signal = interrupted() => bail!(
+    // the snapshot): on Ctrl-C or SIGTERM the receive stops here and `temp` is removed.
+    let received = tokio::select! {
+        done = receive_and_check(client, bar, snapshot_id, &temp) => done,
+        signal = interrupted() => Err(anyhow::anyhow!(
             "interrupted by {signal}; nothing was written to {} and the partial download is removed",
             output.display()
-        ),
+        )),
     };
-    // Once checked, the temporary file becomes the output in one rename.
+    let (received, check) = match received {
+        Ok(received) => received,
+        Err(err) => {
+            // Removing a file as large as the snapshot can take a while.
+            let _ = tokio::task::spawn_blocking(move || drop(temp)).await;
+            return Err(err);
+        }
+    };
+    // Once checked, the temporary file becomes the output in one rename (a failed rename
+    // removes it, on the same blocking thread).
     let persisted = tokio::task::spawn_blocking({
         let output = output.to_path_buf();
         move || temp.persist(&output).map_err(|e| e.error)

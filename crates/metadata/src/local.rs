@@ -3,6 +3,11 @@
 //! # Crash consistency
 //! A put writes the whole file to a temporary sibling, syncs it, renames it over the old one and
 //! syncs the directory: after a crash the file holds either the old or the new state, never a mix.
+//!
+//! # Blocking
+//! A put writes and syncs files, so it runs on a blocking thread, holding the lock on the
+//! contents until the file is written: a caller that gives up does not cut it short, and memory
+//! and file never disagree.
 
 use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned};
 use async_trait::async_trait;
@@ -10,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokio::sync::Mutex;
 
 #[derive(Default, Serialize, Deserialize)]
@@ -25,11 +31,13 @@ struct Entry {
 
 pub struct LocalMetadataStore {
     path: PathBuf,
-    contents: Mutex<Contents>,
+    /// Shared with the blocking thread that persists a put.
+    contents: Arc<Mutex<Contents>>,
 }
 
 impl LocalMetadataStore {
-    /// Opens the store kept in `path` (a file), creating an empty one if missing.
+    /// Opens the store kept in `path` (a file), creating an empty one if missing. Blocking: it
+    /// reads the file.
     pub fn open(path: &Path) -> Result<Self> {
         let io = |context, source| Error::Io {
             path: path.display().to_string(),
@@ -46,23 +54,60 @@ impl LocalMetadataStore {
         };
         Ok(LocalMetadataStore {
             path: path.to_path_buf(),
-            contents: Mutex::new(contents),
+            contents: Arc::new(Mutex::new(contents)),
         })
     }
 
-    fn persist(&self, contents: &Contents) -> Result<()> {
+    /// Applies a put to `contents` and writes them to `path`; on a failed write `contents` are
+    /// left as they were. Blocking.
+    fn put_and_persist(
+        path: &Path,
+        contents: &mut Contents,
+        key: &str,
+        value: serde_json::Value,
+        precondition: Precondition,
+    ) -> Result<Version> {
+        let current = contents.entries.get(key).map(|e| e.version);
+        let holds = match precondition {
+            Precondition::None => true,
+            Precondition::DoesNotExist => current.is_none(),
+            Precondition::MatchesVersion(v) => current == Some(v),
+        };
+        if !holds {
+            return Err(Error::PreconditionFailed {
+                key: key.into(),
+                expected: precondition,
+                current,
+            });
+        }
+        let version = current.unwrap_or(0) + 1;
+        let previous = contents
+            .entries
+            .insert(key.into(), Entry { version, value });
+        if let Err(err) = Self::persist(path, contents) {
+            // Keep memory equal to disk: undo the change that did not persist.
+            match previous {
+                Some(p) => contents.entries.insert(key.into(), p),
+                None => contents.entries.remove(key),
+            };
+            return Err(err);
+        }
+        Ok(version)
+    }
+
+    fn persist(path: &Path, contents: &Contents) -> Result<()> {
         let io = |context, source| Error::Io {
-            path: self.path.display().to_string(),
+            path: path.display().to_string(),
             context,
             source,
         };
-        let tmp = self.path.with_extension("tmp");
+        let tmp = path.with_extension("tmp");
         let raw = serde_json::to_vec_pretty(contents).expect("encode metadata");
         let mut file = std::fs::File::create(&tmp).map_err(|e| io("create temporary file", e))?;
         file.write_all(&raw).map_err(|e| io("write", e))?;
         file.sync_all().map_err(|e| io("sync", e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| io("rename", e))?;
-        if let Some(dir) = self.path.parent() {
+        std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
+        if let Some(dir) = path.parent() {
             std::fs::File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io("sync directory", e))?;
@@ -87,33 +132,17 @@ impl MetadataStore for LocalMetadataStore {
         value: serde_json::Value,
         precondition: Precondition,
     ) -> Result<Version> {
-        let mut contents = self.contents.lock().await;
-        let current = contents.entries.get(key).map(|e| e.version);
-        let holds = match precondition {
-            Precondition::None => true,
-            Precondition::DoesNotExist => current.is_none(),
-            Precondition::MatchesVersion(v) => current == Some(v),
-        };
-        if !holds {
-            return Err(Error::PreconditionFailed {
-                key: key.into(),
-                expected: precondition,
-                current,
-            });
-        }
-        let version = current.unwrap_or(0) + 1;
-        let previous = contents
-            .entries
-            .insert(key.into(), Entry { version, value });
-        if let Err(err) = self.persist(&contents) {
-            // Keep memory equal to disk: undo the change that did not persist.
-            match previous {
-                Some(p) => contents.entries.insert(key.into(), p),
-                None => contents.entries.remove(key),
-            };
-            return Err(err);
-        }
-        Ok(version)
+        let mut contents = self.contents.clone().lock_owned().await;
+        let (path, key) = (self.path.clone(), key.to_owned());
+        tokio::task::spawn_blocking(move || {
+            Self::put_and_persist(&path, &mut contents, &key, value, precondition)
+        })
+        .await
+        .map_err(|err| Error::Io {
+            path: self.path.display().to_string(),
+            context: "write on a blocking thread",
+            source: std::io::Error::other(err),
+        })?
     }
 }
 

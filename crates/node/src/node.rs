@@ -226,6 +226,11 @@ impl RunningNode {
             let _ = task.await;
         }
         self.state.partitions.shutdown().await;
+        // Closing the partition store flushes every memtable (it keeps no WAL of its own): when
+        // this is the node's last reference, that happens on a blocking thread. A task still
+        // holding one (a publish outliving its caller) closes it when it ends.
+        let state = self.state;
+        let _ = tokio::task::spawn_blocking(move || drop(state)).await;
         served
             .context("join the gRPC server")?
             .context("serve gRPC")?;
@@ -253,8 +258,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     };
     let metrics = Arc::new(Metrics::new());
 
-    let (snapshots, restorer) = snapshot_parts(&config, &base_dir, &cluster, &node)?;
-    let tmp_dir = clear_scratch_folders(&base_dir).await?;
+    let (snapshots, restorer, tmp_dir) =
+        open_snapshots_and_scratch(&config, &base_dir, &cluster, &node).await?;
     let partitions = Partitions::open(
         PartitionsConfig {
             node: node.clone(),
@@ -425,7 +430,7 @@ async fn open_storage(
 }
 
 /// The snapshot producer and the restorer over the repository of `[worker.snapshots]`; neither
-/// when the node has no repository.
+/// when the node has no repository. Blocking (see [`open_repository`]).
 fn snapshot_parts(
     config: &Config,
     base_dir: &std::path::Path,
@@ -454,21 +459,40 @@ fn snapshot_parts(
     Ok((Some(producer), Some(restorer)))
 }
 
-/// Removes what a previous run left in the node's scratch folders (snapshot exports it never
-/// published, tars it never finished serving) and returns the empty scratch folder for files
-/// served to clients.
-async fn clear_scratch_folders(base_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let exports = base_dir.join("db-snapshots");
-    let tmp_dir = base_dir.join("tmp");
+/// The snapshot producer and restorer ([`snapshot_parts`]) and the emptied scratch folder
+/// ([`clear_scratch_folders`]). Both touch the file system (a local repository's folder is
+/// created when it is opened), so they run together on a blocking thread.
+async fn open_snapshots_and_scratch(
+    config: &Config,
+    base_dir: &std::path::Path,
+    cluster: &ClusterRecord,
+    node: &NodeId,
+) -> anyhow::Result<(Option<SnapshotProducer>, Option<Restorer>, PathBuf)> {
+    let (config, base_dir, cluster, node) = (
+        config.clone(),
+        base_dir.to_path_buf(),
+        cluster.clone(),
+        node.clone(),
+    );
     tokio::task::spawn_blocking(move || {
-        let _ = std::fs::remove_dir_all(&exports);
-        let _ = std::fs::remove_dir_all(&tmp_dir);
-        std::fs::create_dir_all(&tmp_dir)
-            .with_context(|| format!("create {}", tmp_dir.display()))?;
-        Ok(tmp_dir)
+        let (snapshots, restorer) = snapshot_parts(&config, &base_dir, &cluster, &node)?;
+        let tmp_dir = clear_scratch_folders(&base_dir)?;
+        Ok((snapshots, restorer, tmp_dir))
     })
     .await
-    .context("clear the scratch folders")?
+    .context("open the snapshot repository and clear the scratch folders")?
+}
+
+/// Removes what a previous run left in the node's scratch folders (snapshot exports it never
+/// published, tars it never finished serving) and returns the empty scratch folder for files
+/// served to clients. Blocking.
+fn clear_scratch_folders(base_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let exports = base_dir.join("db-snapshots");
+    let tmp_dir = base_dir.join("tmp");
+    let _ = std::fs::remove_dir_all(&exports);
+    let _ = std::fs::remove_dir_all(&tmp_dir);
+    std::fs::create_dir_all(&tmp_dir).with_context(|| format!("create {}", tmp_dir.display()))?;
+    Ok(tmp_dir)
 }
 
 /// Serves the key-value and admin services on `listener` until `cancel`.
@@ -538,7 +562,8 @@ fn spawn_background(
 }
 
 /// The snapshot repository of `[worker.snapshots]` (by default `<base-dir>/pp-snapshots`), as
-/// `cluster` sees it: every decision it offers counts only this cluster's snapshots.
+/// `cluster` sees it: every decision it offers counts only this cluster's snapshots. Blocking: a
+/// local repository's folder is created.
 pub(crate) fn open_repository(
     config: &Config,
     base_dir: &std::path::Path,

@@ -146,24 +146,32 @@ impl Slot {
         }
     }
 
-    pub async fn status(&self, stores: &PartitionStoreManager) -> PartitionStatus {
+    pub async fn status(&self, stores: &Arc<PartitionStoreManager>) -> PartitionStatus {
         match self.state() {
             SlotState::Running(partition) => partition.status().await,
-            other => PartitionStatus {
-                id: self.id,
-                key_range: self.key_range,
-                leader: None,
-                applied_lsn: stores
-                    .partition(self.id)
-                    .and_then(|s| s.applied_lsn().ok())
-                    .unwrap_or(Lsn::ZERO),
-                log: self.log.state().await.ok(),
-                stopped: Some(match other {
-                    SlotState::Down(reason) => reason,
-                    SlotState::Starting => "starting".into(),
-                    _ => "restoring from a snapshot".into(),
-                }),
-            },
+            other => {
+                let (stores, id) = (stores.clone(), self.id);
+                let applied_lsn = blocking(id, "read the applied LSN", move || {
+                    stores.partition(id).map(|s| s.applied_lsn())
+                })
+                .await
+                .ok()
+                .flatten()
+                .and_then(|applied| applied.ok())
+                .unwrap_or(Lsn::ZERO);
+                PartitionStatus {
+                    id: self.id,
+                    key_range: self.key_range,
+                    leader: None,
+                    applied_lsn,
+                    log: self.log.state().await.ok(),
+                    stopped: Some(match other {
+                        SlotState::Down(reason) => reason,
+                        SlotState::Starting => "starting".into(),
+                        _ => "restoring from a snapshot".into(),
+                    }),
+                }
+            }
         }
     }
 }
@@ -276,7 +284,7 @@ impl Partitions {
                 return false;
             }
         };
-        let partition = match self.start_processor(slot, store) {
+        let partition = match self.start_processor(slot, store).await {
             Ok(partition) => partition,
             Err(err) => {
                 slot.set(SlotState::Down(err.to_string()));
@@ -304,7 +312,7 @@ impl Partitions {
         self.slots.get(usize::from(id.0))
     }
 
-    pub fn stores(&self) -> &PartitionStoreManager {
+    pub fn stores(&self) -> &Arc<PartitionStoreManager> {
         &self.stores
     }
 
@@ -320,14 +328,22 @@ impl Partitions {
     /// Decides how `slot` starts and gets its store ready; `Err` is why it cannot start.
     async fn prepare(&self, slot: &Slot) -> std::result::Result<PartitionStore, NotStarted> {
         let id = slot.id;
-        repair_interrupted_restore(&self.stores, &self.staging_root, id)?;
+        // The repair drops column families and removes folders, and the applied LSN is a RocksDB
+        // read: one step on a blocking thread. Nothing appends to the log meanwhile (the processor
+        // is not running), so its state may be read after.
+        let (stores, staging_root) = (self.stores.clone(), self.staging_root.clone());
+        let (existing, applied) = blocking(id, "repair and read the store", move || {
+            repair_interrupted_restore(&stores, &staging_root, id)?;
+            let existing = stores.partition(id);
+            let applied = match &existing {
+                Some(store) => store.applied_lsn()?,
+                None => Lsn::ZERO,
+            };
+            Ok::<_, NotStarted>((existing, applied))
+        })
+        .await??;
         let log = slot.log.state().await.map_err(NotStarted::LogState)?;
         let trim_point = log.trim_point;
-        let existing = self.stores.partition(id);
-        let applied = match &existing {
-            Some(store) => store.applied_lsn()?,
-            None => Lsn::ZERO,
-        };
         if log.tail < applied {
             // Checked before the processor starts and anything is appended: the next append
             // would get an LSN the store already applied, with a different record.
@@ -371,7 +387,11 @@ impl Partitions {
                 }
             }
         }
-        Ok(self.stores.open_or_create_partition(id)?)
+        let stores = self.stores.clone();
+        Ok(blocking(id, "create the store", move || {
+            stores.open_or_create_partition(id)
+        })
+        .await??)
     }
 
     /// Restores `slot`'s store from the repository; the processor must not be running.
@@ -414,14 +434,19 @@ impl Partitions {
         result
     }
 
-    fn start_processor(&self, slot: &Slot, store: PartitionStore) -> Result<Arc<Partition>> {
-        Partition::start(
+    /// Starts `slot`'s processor on `store`. Starting reads the store's applied LSN and leader, so
+    /// it runs on a blocking thread (which spawns the processor task on the runtime).
+    async fn start_processor(&self, slot: &Slot, store: PartitionStore) -> Result<Arc<Partition>> {
+        let (key_range, node, log, clock) = (
             slot.key_range,
             self.node.clone(),
-            store,
             slot.log.clone(),
             self.clock.clone(),
-        )
+        );
+        blocking(slot.id, "start the processor", move || {
+            Partition::start(key_range, node, store, log, clock)
+        })
+        .await?
     }
 
     /// Makes this node the leader of `partition` at an epoch newer than any seen, and waits until
@@ -509,7 +534,7 @@ impl Partitions {
                 failure: RestoreFailure::Unable(reason),
             });
         };
-        let partition = match self.start_processor(slot, store) {
+        let partition = match self.start_processor(slot, store).await {
             Ok(partition) => partition,
             Err(err) => {
                 slot.set(SlotState::Down(err.to_string()));
@@ -548,13 +573,18 @@ impl Partitions {
         let store = self.stores.partition(slot.id);
         let resumable = match (&previous, &store) {
             (SlotState::Running(_), Some(store)) => match slot.log.state().await {
-                Ok(log) => store.applied_lsn().is_ok_and(|a| log.trim_point <= a),
+                Ok(log) => {
+                    let store = store.clone();
+                    blocking(slot.id, "read the applied LSN", move || store.applied_lsn())
+                        .await
+                        .is_ok_and(|applied| applied.is_ok_and(|a| log.trim_point <= a))
+                }
                 Err(_) => false,
             },
             _ => false,
         };
         if let (true, Some(store)) = (resumable, store) {
-            match self.start_processor(slot, store) {
+            match self.start_processor(slot, store).await {
                 Ok(partition) => {
                     match self.lead(&partition).await {
                         Ok(()) => slot.set(SlotState::Running(partition)),
@@ -579,6 +609,23 @@ impl Partitions {
             _ => slot.set(SlotState::Down(err.to_string())),
         }
     }
+}
+
+/// Runs `work` (RocksDB or file-system calls) on a blocking thread: on an async thread it would
+/// stall every task that thread runs. A task that panicked or was cancelled by the runtime's
+/// shut-down is a storage error of `partition` at `context`.
+async fn blocking<T: Send + 'static>(
+    partition: PartitionId,
+    context: &'static str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| Error::Storage {
+            partition,
+            context,
+            source: err.into(),
+        })
 }
 
 /// Why a partition whose log could not be opened is down, and what to do.

@@ -62,67 +62,74 @@ pub fn drop_partition(
 }
 
 /// Fails, saying why, if the partition could not be rebuilt after its store is dropped.
+///
+/// The file-system steps (opening the log's folder, the metadata file, a local repository's
+/// folder) run on this thread between the async steps, never inside them.
 fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(async {
-        let logs = LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
-            .context("open the local log")?;
+    // The runtime's context without running it: what is opened here may spawn tasks on it.
+    let _runtime_context = runtime.enter();
+    let logs = LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
+        .context("open the local log")?;
+    let log_state = runtime.block_on(async {
         let log = logs
             .open(cairn_types::LogId::from(partition))
             .await
             .with_context(|| format!("open the log of partition {partition}"))?;
-        let log_state = log.state().await?;
-        let (trim_point, tail) = (log_state.trim_point, log_state.tail);
-        if trim_point == Lsn::ZERO {
-            return Ok(()); // the whole log is there to replay
-        }
-        let force = "pass --force to drop it anyway";
-        if !config.snapshots_enabled() {
-            bail!(
-                "the log of partition {partition} is trimmed up to LSN {trim_point} and there is no snapshot repository (worker.snapshots.destination = \"none\"): this store is the only copy of those records; {force}"
-            );
-        }
-        let base_dir = config
-            .base_dir
-            .canonicalize()
-            .with_context(|| format!("resolve {}", config.base_dir.display()))?;
-        let metadata = LocalMetadataStore::open(&base_dir.join("metadata.json"))
-            .context("open the node's metadata")?;
-        let Some((_, cluster)) =
-            get_typed::<ClusterRecord>(&metadata, ClusterRecord::KEY, "cluster record").await?
-        else {
-            bail!(
-                "{} holds no cluster record, so there is no telling which snapshots are this cluster's; {force}",
-                base_dir.display()
-            );
-        };
-        let repository = open_repository(config, &base_dir, &cluster)?;
-        let latest = repository
-            .latest(partition)
-            .await
-            .context("read the snapshot repository")?;
-        match latest {
-            // A snapshot past the log's tail is refused by restore: it holds records this log
-            // does not (the base dir was put back from an older copy).
-            Some(latest) if latest.min_applied_lsn > tail => bail!(
-                "the log of partition {partition} is trimmed up to LSN {trim_point} and its newest snapshot ({}) is at LSN {}, past the log's tail {tail}: it holds records this log does not (was the base dir put back from an older copy?), so a restore cannot use it and this store is the only copy of records up to {trim_point}; snapshot the partition first, or {force}",
-                latest.snapshot_id,
-                latest.min_applied_lsn
-            ),
-            Some(latest) if latest.min_applied_lsn >= trim_point => Ok(()),
-            Some(latest) => bail!(
-                "the log of partition {partition} is trimmed up to LSN {trim_point} but its newest snapshot ({}) covers only up to LSN {}: this store is the only copy of records {}..={trim_point}; snapshot the partition first, or {force}",
-                latest.snapshot_id,
-                latest.min_applied_lsn,
-                latest.min_applied_lsn.next()
-            ),
-            None => bail!(
-                "the log of partition {partition} is trimmed up to LSN {trim_point} and {} holds no snapshot of it taken by this cluster: this store is the only copy of those records; snapshot the partition first, or {force}",
-                repository.destination()
-            ),
-        }
-    })
+        anyhow::Ok(log.state().await?)
+    })?;
+    let (trim_point, tail) = (log_state.trim_point, log_state.tail);
+    if trim_point == Lsn::ZERO {
+        return Ok(()); // the whole log is there to replay
+    }
+    let force = "pass --force to drop it anyway";
+    if !config.snapshots_enabled() {
+        bail!(
+            "the log of partition {partition} is trimmed up to LSN {trim_point} and there is no snapshot repository (worker.snapshots.destination = \"none\"): this store is the only copy of those records; {force}"
+        );
+    }
+    let base_dir = config
+        .base_dir
+        .canonicalize()
+        .with_context(|| format!("resolve {}", config.base_dir.display()))?;
+    let metadata = LocalMetadataStore::open(&base_dir.join("metadata.json"))
+        .context("open the node's metadata")?;
+    let Some((_, cluster)) = runtime.block_on(get_typed::<ClusterRecord>(
+        &metadata,
+        ClusterRecord::KEY,
+        "cluster record",
+    ))?
+    else {
+        bail!(
+            "{} holds no cluster record, so there is no telling which snapshots are this cluster's; {force}",
+            base_dir.display()
+        );
+    };
+    let repository = open_repository(config, &base_dir, &cluster)?;
+    let latest = runtime
+        .block_on(repository.latest(partition))
+        .context("read the snapshot repository")?;
+    match latest {
+        // A snapshot past the log's tail is refused by restore: it holds records this log
+        // does not (the base dir was put back from an older copy).
+        Some(latest) if latest.min_applied_lsn > tail => bail!(
+            "the log of partition {partition} is trimmed up to LSN {trim_point} and its newest snapshot ({}) is at LSN {}, past the log's tail {tail}: it holds records this log does not (was the base dir put back from an older copy?), so a restore cannot use it and this store is the only copy of records up to {trim_point}; snapshot the partition first, or {force}",
+            latest.snapshot_id,
+            latest.min_applied_lsn
+        ),
+        Some(latest) if latest.min_applied_lsn >= trim_point => Ok(()),
+        Some(latest) => bail!(
+            "the log of partition {partition} is trimmed up to LSN {trim_point} but its newest snapshot ({}) covers only up to LSN {}: this store is the only copy of records {}..={trim_point}; snapshot the partition first, or {force}",
+            latest.snapshot_id,
+            latest.min_applied_lsn,
+            latest.min_applied_lsn.next()
+        ),
+        None => bail!(
+            "the log of partition {partition} is trimmed up to LSN {trim_point} and {} holds no snapshot of it taken by this cluster: this store is the only copy of those records; snapshot the partition first, or {force}",
+            repository.destination()
+        ),
+    }
 }

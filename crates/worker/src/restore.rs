@@ -475,7 +475,8 @@ pub enum RestoreFailure {
 /// Undoes what a crash in the middle of a restore of `partition` left in `staging_root` (the
 /// restorer's staging folder): drops a column family whose import may not have completed, and
 /// removes the staging folder. Returns whether an import had been interrupted. Needs no
-/// repository, so a node runs it at every start whatever its configuration.
+/// repository, so a node runs it at every start whatever its configuration. Blocking (RocksDB and
+/// file-system calls): async callers run it with `spawn_blocking`.
 pub fn repair_interrupted_restore(
     stores: &PartitionStoreManager,
     staging_root: &Path,
@@ -539,11 +540,19 @@ async fn with_progress<T>(
                 crate::testing::pause_point("restore-download").await;
                 return result;
             }
-            _ = ticks.tick() => report(dir_bytes(staging).min(total)),
+            _ = ticks.tick() => {
+                // Listing the folder is file-system work: off the async threads.
+                let dir = staging.to_path_buf();
+                let bytes = tokio::task::spawn_blocking(move || dir_bytes(&dir))
+                    .await
+                    .unwrap_or(0);
+                report(bytes.min(total))
+            }
         }
     }
 }
 
+/// Bytes of the files in `dir` (0 if it cannot be listed). Blocking.
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {

@@ -20,6 +20,7 @@
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use cairn_bench::blocking;
 use cairn_bench::copy::{CopyWay, Syncs, copy_files, hash_files};
 use cairn_bench::report::{Deciles, files, mib_per_sec, progress, secs, size, sync_disks};
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
@@ -193,26 +194,34 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
 
     // moto first: a missing moto fails the run before the long build.
     progress("starting moto's S3 server");
-    let moto = MotoServer::start_in(root);
-    moto.create_named_bucket(BUCKET);
-    let s3 = Arc::new(SnapshotRepository::open(
-        &format!("s3://{BUCKET}/cairn"),
-        cluster(),
-        RepositoryOptions {
-            endpoint_url: Some(moto.endpoint()),
-            region: Some("us-east-1".into()),
-            allow_http: true,
-            access_key_id: Some("testing".into()),
-            secret_access_key: Some("testing".into()),
-            ..repository_options.clone()
-        },
-    )?);
     let local_path = root.join("local-repository");
-    let local = Arc::new(SnapshotRepository::open(
-        local_path.to_str().context("work folder is not UTF-8")?,
-        cluster(),
-        repository_options.clone(),
-    )?);
+    // Starting moto waits for it, and opening the local repository creates its folder.
+    let (moto, s3, local) = blocking({
+        let (root, local_path) = (root.to_path_buf(), local_path.clone());
+        move || {
+            let moto = MotoServer::start_in(&root);
+            moto.create_named_bucket(BUCKET);
+            let s3 = Arc::new(SnapshotRepository::open(
+                &format!("s3://{BUCKET}/cairn"),
+                cluster(),
+                RepositoryOptions {
+                    endpoint_url: Some(moto.endpoint()),
+                    region: Some("us-east-1".into()),
+                    allow_http: true,
+                    access_key_id: Some("testing".into()),
+                    secret_access_key: Some("testing".into()),
+                    ..repository_options.clone()
+                },
+            )?);
+            let local = Arc::new(SnapshotRepository::open(
+                local_path.to_str().context("work folder is not UTF-8")?,
+                cluster(),
+                repository_options,
+            )?);
+            Ok((moto, s3, local))
+        }
+    })
+    .await?;
 
     let mut rng = StdRng::seed_from_u64(args.seed);
     let sample = sample_keys(&mut rng, keys, args.verify_keys);
@@ -333,7 +342,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
             )
             .await?,
         );
-        check_copied(&plain_dir, snapshot_bytes)?;
+        check_copied(&plain_dir, snapshot_bytes).await?;
         progress(&label("plain copy from local: 8 KiB reads and writes"));
         local_chunked_copy.push(
             copy_files(
@@ -347,10 +356,10 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
             )
             .await?,
         );
-        check_copied(&plain_dir, snapshot_bytes)?;
+        check_copied(&plain_dir, snapshot_bytes).await?;
         progress(&label("plain GET from local through object_store"));
         local_get.push(get_plain(&local, &objects, &plain_dir, args.transfer_concurrency).await?);
-        check_copied(&plain_dir, snapshot_bytes)?;
+        check_copied(&plain_dir, snapshot_bytes).await?;
         progress(&label("read + xxh3-128 of the local repository's files"));
         local_hash.push(hash_files(&local_paths, args.transfer_concurrency).await?);
         s3_restores.push(
@@ -364,7 +373,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         );
         progress(&label("plain GET from S3 (moto)"));
         s3_get.push(get_plain(&s3, &objects, &plain_dir, args.transfer_concurrency).await?);
-        check_copied(&plain_dir, snapshot_bytes)?;
+        check_copied(&plain_dir, snapshot_bytes).await?;
     }
 
     println!();
@@ -441,10 +450,16 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
 
     // 3. Recovery: (A) snapshot + tail, (B) the whole log. The writer's log provider is gone, so
     // this one holds the log alone; both recoveries read it.
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
-    let logs = LocalLogProvider::open(&log_dir, LocalLogOptions::default())
-        .context("reopen the log folder")?;
+    let logs = blocking({
+        let log_dir = log_dir.clone();
+        move || {
+            LocalLogProvider::open(&log_dir, LocalLogOptions::default())
+                .context("reopen the log folder")
+        }
+    })
+    .await?;
     let log = logs
         .open(LogId::from(PARTITION))
         .await
@@ -592,8 +607,12 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
          each, so it includes what earlier steps left allocated), the highest of the runs; the \
          partition processor reads about 64 MiB of log records per round"
     );
-    drop(moto);
-    Ok(())
+    // Stopping moto waits for its process.
+    blocking(move || {
+        drop(moto);
+        Ok(())
+    })
+    .await
 }
 
 fn key(i: u64) -> String {
@@ -643,8 +662,8 @@ struct Expected {
 
 impl Expected {
     /// A restored store: the keys before the snapshot, none of the tail.
-    fn verify_snapshot(&self, store: &PartitionStore, what: &str) -> anyhow::Result<()> {
-        verify(
+    async fn verify_snapshot(&self, store: &PartitionStore, what: &str) -> anyhow::Result<()> {
+        verify_blocking(
             store,
             what,
             self.keys,
@@ -652,11 +671,12 @@ impl Expected {
             self.keys.snapshot_keys,
             self.snapshot_lsn,
         )
+        .await
     }
 
     /// A recovered store: every key.
-    fn verify_tail(&self, store: &PartitionStore, what: &str) -> anyhow::Result<()> {
-        verify(
+    async fn verify_tail(&self, store: &PartitionStore, what: &str) -> anyhow::Result<()> {
+        verify_blocking(
             store,
             what,
             self.keys,
@@ -664,7 +684,21 @@ impl Expected {
             self.keys.keys,
             self.tail_lsn,
         )
+        .await
     }
+}
+
+/// [`verify`] on a blocking thread: it reads the store.
+async fn verify_blocking(
+    store: &PartitionStore,
+    what: &str,
+    keys: Keys,
+    sample: &[u64],
+    written: u64,
+    lsn: Lsn,
+) -> anyhow::Result<()> {
+    let (store, what, sample) = (store.clone(), what.to_owned(), sample.to_vec());
+    blocking(move || verify(&store, &what, keys, &sample, written, lsn)).await
 }
 
 /// Checks that `store` holds exactly keys `0..written` of the sample, with their values, and has
@@ -743,16 +777,23 @@ async fn build(
     local: &Arc<SnapshotRepository>,
     s3: &Arc<SnapshotRepository>,
 ) -> anyhow::Result<Build> {
-    let logs = LocalLogProvider::open(log_dir, LocalLogOptions::default())
-        .context("open the log folder")?;
+    let db = root.join("written-db");
+    let (logs, stores, store) = blocking({
+        let (log_dir, db) = (log_dir.to_path_buf(), db.clone());
+        move || {
+            let logs = LocalLogProvider::open(&log_dir, LocalLogOptions::default())
+                .context("open the log folder")?;
+            let stores = Arc::new(PartitionStoreManager::open(&db, &StoreOptions::default())?);
+            let store = stores.open_or_create_partition(PARTITION)?;
+            Ok((logs, stores, store))
+        }
+    })
+    .await?;
     let log = logs
         .open(LogId::from(PARTITION))
         .await
         .context("open the log")?;
-    let db = root.join("written-db");
-    let stores = PartitionStoreManager::open(&db, &StoreOptions::default())?;
-    let store = stores.open_or_create_partition(PARTITION)?;
-    let partition = start_partition(store.clone(), &log)?;
+    let partition = start_partition(store.clone(), &log).await?;
     partition
         .become_leader(Epoch(1))
         .await
@@ -767,8 +808,15 @@ async fn build(
     // compaction runs between the two snapshots, so both repositories get the same files.
     progress("flushing and waiting for RocksDB's compactions to settle");
     let started = Instant::now();
-    store.flush()?;
-    stores.wait_for_background_work()?;
+    blocking({
+        let (store, stores) = (store.clone(), stores.clone());
+        move || {
+            store.flush()?;
+            stores.wait_for_background_work()?;
+            Ok(())
+        }
+    })
+    .await?;
     let settle_time = started.elapsed();
 
     let export_root = root.join("db-snapshots");
@@ -815,28 +863,33 @@ async fn build(
         "the partition applied LSN {} of the log's {tail_lsn}",
         partition.applied_lsn()
     );
-    verify(
+    verify_blocking(
         &store,
         "the written store",
         keys,
         &[0, keys.keys - 1],
         keys.keys,
         tail_lsn,
-    )?;
+    )
+    .await?;
 
     partition.shutdown().await;
     drop(partition);
     drop(log);
-    drop(logs);
     progress("flushing the written store and letting its compactions settle");
-    store.flush()?;
-    stores.wait_for_background_work()?;
-    let sst_bytes = sst_bytes_on_disk(&db)?;
-    drop(store);
-    drop(stores);
-    std::fs::remove_dir_all(&db)?;
-    let (log_bytes, log_segments) =
-        log_on_disk(&log_dir.join(LogId::from(PARTITION).0.to_string()))?;
+    let log_dir = log_dir.join(LogId::from(PARTITION).0.to_string());
+    let (sst_bytes, log_bytes, log_segments) = blocking(move || {
+        drop(logs);
+        store.flush()?;
+        stores.wait_for_background_work()?;
+        let sst_bytes = sst_bytes_on_disk(&db)?;
+        drop(store);
+        drop(stores);
+        std::fs::remove_dir_all(&db)?;
+        let (log_bytes, log_segments) = log_on_disk(&log_dir)?;
+        Ok((sst_bytes, log_bytes, log_segments))
+    })
+    .await?;
 
     Ok(Build {
         snapshot,
@@ -854,14 +907,22 @@ async fn build(
     })
 }
 
-fn start_partition(store: PartitionStore, log: &Arc<dyn Loglet>) -> anyhow::Result<Arc<Partition>> {
-    Ok(Partition::start(
-        KeyRange::of_partition(PARTITION, NUM_PARTITIONS),
-        NodeId(NODE.into()),
-        store,
-        log.clone(),
-        Arc::new(SystemClock),
-    )?)
+/// Starts the partition's processor on `store`, on a blocking thread: starting reads the store.
+async fn start_partition(
+    store: PartitionStore,
+    log: &Arc<dyn Loglet>,
+) -> anyhow::Result<Arc<Partition>> {
+    let log = log.clone();
+    blocking(move || {
+        Ok(Partition::start(
+            KeyRange::of_partition(PARTITION, NUM_PARTITIONS),
+            NodeId(NODE.into()),
+            store,
+            log,
+            Arc::new(SystemClock),
+        )?)
+    })
+    .await
 }
 
 /// Puts keys `range` through the partition's log, `--batch` keys per record, one record at a time.
@@ -912,7 +973,7 @@ async fn snapshot_to(
             .at(done * 100 / total.max(1));
     });
     progress(label);
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
     let created = producer
         .create(partition, None, Some(on_progress))
@@ -985,17 +1046,17 @@ async fn restore_into_fresh_store(
         trim_point: Lsn::ZERO,
         tail: expected.tail_lsn,
     };
-    let stores = Arc::new(PartitionStoreManager::open(
-        &dir.join("db"),
-        &StoreOptions::default(),
-    )?);
+    let db = dir.join("db");
+    let stores = Arc::new(
+        blocking(move || Ok(PartitionStoreManager::open(&db, &StoreOptions::default())?)).await?,
+    );
     let restorer = Restorer::new(
         repository.clone(),
         dir.join("restore-staging"),
         NUM_PARTITIONS,
     );
     progress(label);
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
     let restored = restorer
         .restore(
@@ -1029,10 +1090,8 @@ async fn restore_timed(
     let store = stores
         .partition(PARTITION)
         .context("no store after the restore")?;
-    expected.verify_snapshot(&store, label)?;
-    drop(store);
-    drop(stores);
-    std::fs::remove_dir_all(dir)?;
+    expected.verify_snapshot(&store, label).await?;
+    remove_store(store, stores, dir).await?;
     Ok((restored, time))
 }
 
@@ -1045,8 +1104,8 @@ async fn get_plain(
     target: &Path,
     concurrency: usize,
 ) -> anyhow::Result<Duration> {
-    std::fs::create_dir_all(target)?;
-    sync_disks();
+    tokio::fs::create_dir_all(target).await?;
+    sync_disks().await;
     let started = Instant::now();
     futures::stream::iter(objects)
         .map(|object| async move {
@@ -1073,19 +1132,40 @@ async fn get_plain(
     Ok(started.elapsed())
 }
 
-/// Checks that `dir` holds `bytes` in all, then removes it.
-fn check_copied(dir: &Path, bytes: u64) -> anyhow::Result<()> {
-    let mut copied = 0;
-    for entry in std::fs::read_dir(dir)? {
-        copied += entry?.metadata()?.len();
-    }
-    anyhow::ensure!(
-        copied == bytes,
-        "the plain copy into {} holds {copied} bytes, not {bytes}",
-        dir.display()
-    );
-    std::fs::remove_dir_all(dir)?;
-    Ok(())
+/// Checks that `dir` holds `bytes` in all, then removes it (on a blocking thread).
+async fn check_copied(dir: &Path, bytes: u64) -> anyhow::Result<()> {
+    let dir = dir.to_path_buf();
+    blocking(move || {
+        let mut copied = 0;
+        for entry in std::fs::read_dir(&dir)? {
+            copied += entry?.metadata()?.len();
+        }
+        anyhow::ensure!(
+            copied == bytes,
+            "the plain copy into {} holds {copied} bytes, not {bytes}",
+            dir.display()
+        );
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    })
+    .await
+}
+
+/// Closes a restored or recovered store and removes its folder `dir`, on a blocking thread
+/// (closing flushes its memtables).
+async fn remove_store(
+    store: PartitionStore,
+    stores: Arc<PartitionStoreManager>,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let dir = dir.to_path_buf();
+    blocking(move || {
+        drop(store);
+        drop(stores);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    })
+    .await
 }
 
 /// Recovery (A).
@@ -1114,14 +1194,14 @@ async fn recover_from_snapshot(
     let store = stores
         .partition(PARTITION)
         .context("no store after the restore")?;
-    expected.verify_snapshot(&store, &restore_label)?;
+    expected.verify_snapshot(&store, &restore_label).await?;
 
     progress(&format!(
         "{label} replaying LSN {}..={tail_lsn}",
         snapshot_lsn.0 + 1
     ));
     let started = Instant::now();
-    let partition = start_partition(store.clone(), log)?;
+    let partition = start_partition(store.clone(), log).await?;
     wait_replayed(
         &partition,
         &format!("{label} replay"),
@@ -1133,10 +1213,10 @@ async fn recover_from_snapshot(
     let peak_rss = if rss_reset { peak_rss() } else { None };
     partition.shutdown().await;
     drop(partition);
-    expected.verify_tail(&store, &format!("{label} snapshot + tail"))?;
-    drop(store);
-    drop(stores);
-    std::fs::remove_dir_all(dir)?;
+    expected
+        .verify_tail(&store, &format!("{label} snapshot + tail"))
+        .await?;
+    remove_store(store, stores, dir).await?;
     Ok(FromSnapshot {
         restored,
         restore_time,
@@ -1166,22 +1246,27 @@ async fn recover_from_log(
     label: &str,
 ) -> anyhow::Result<FromLog> {
     let tail_lsn = expected.tail_lsn;
-    let stores = PartitionStoreManager::open(&dir.join("db"), &StoreOptions::default())?;
-    let store = stores.open_or_create_partition(PARTITION)?;
+    let db = dir.join("db");
+    let (stores, store) = blocking(move || {
+        let stores = Arc::new(PartitionStoreManager::open(&db, &StoreOptions::default())?);
+        let store = stores.open_or_create_partition(PARTITION)?;
+        Ok((stores, store))
+    })
+    .await?;
     let rss_reset = reset_peak_rss();
     progress(&format!("{label} replaying LSN 1..={tail_lsn}"));
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
-    let partition = start_partition(store.clone(), log)?;
+    let partition = start_partition(store.clone(), log).await?;
     wait_replayed(&partition, &format!("{label} replay"), Lsn::ZERO, tail_lsn).await?;
     let replay_time = started.elapsed();
     let peak_rss = if rss_reset { peak_rss() } else { None };
     partition.shutdown().await;
     drop(partition);
-    expected.verify_tail(&store, &format!("{label} whole log"))?;
-    drop(store);
-    drop(stores);
-    std::fs::remove_dir_all(dir)?;
+    expected
+        .verify_tail(&store, &format!("{label} whole log"))
+        .await?;
+    remove_store(store, stores, dir).await?;
     Ok(FromLog {
         replay_time,
         peak_rss,
@@ -1281,7 +1366,7 @@ fn log_on_disk(dir: &Path) -> anyhow::Result<(u64, usize)> {
 }
 
 /// Resets this process's resident-memory high-water mark (Linux); false where that is not
-/// possible.
+/// possible. A write to procfs, which touches no disk: fine on a runtime thread.
 fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }

@@ -502,7 +502,7 @@ async fn publish(
         ..PublishOptions::default()
     };
     progress(label);
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
     let report = repository
         .publish_with(&export.dir, metadata, options)
@@ -518,7 +518,7 @@ async fn upload_plain(
     files: &[PathBuf],
     concurrency: usize,
 ) -> anyhow::Result<Duration> {
-    sync_disks();
+    sync_disks().await;
     let started = Instant::now();
     futures::stream::iter(files)
         .map(|file| async move {

@@ -293,6 +293,10 @@ impl SnapshotRepository {
     /// Opens the repository at `destination` for `cluster`: `file:///absolute/path` or an
     /// absolute path (the folder is created if missing), or `s3://bucket[/prefix]` (credentials
     /// from the standard AWS environment chain unless `options` gives them).
+    ///
+    /// Blocking for a local destination (it creates and resolves the folder): async callers run
+    /// it with `spawn_blocking`. Every other call of the repository is async and keeps its file
+    /// work on blocking threads.
     pub fn open(
         destination: &str,
         cluster: ClusterIdentity,

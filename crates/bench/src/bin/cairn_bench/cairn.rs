@@ -18,13 +18,16 @@ const STARTING: &str = "starting";
 pub struct Node {
     node: cairn_node::RunningNode,
     address: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Node {
     /// Starts a node with `--partitions` partitions and returns once every one of them serves.
     pub async fn start(args: &Args) -> anyhow::Result<Node> {
-        let dir = tempfile::tempdir().context("create the Cairn node's temporary folder")?;
+        let dir = tokio::task::spawn_blocking(tempfile::tempdir)
+            .await
+            .context("create the Cairn node's temporary folder")?
+            .context("create the Cairn node's temporary folder")?;
         let config = cairn_node::Config {
             base_dir: dir.path().to_path_buf(),
             bind_address: "127.0.0.1:0".parse()?,
@@ -38,11 +41,7 @@ impl Node {
         let address = format!("http://{}", node.local_addr());
         let client = connect(&address).await?;
         wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout)).await?;
-        Ok(Node {
-            node,
-            address,
-            _dir: dir,
-        })
+        Ok(Node { node, address, dir })
     }
 
     /// One connection per client, as independent clients would have.
@@ -54,11 +53,16 @@ impl Node {
         Ok(connections)
     }
 
+    /// Stops the node, then removes its folder on a blocking thread.
     pub async fn shutdown(self) -> anyhow::Result<()> {
-        self.node
+        let stopped = self
+            .node
             .shutdown()
             .await
-            .context("stop the benchmark's Cairn node")
+            .context("stop the benchmark's Cairn node");
+        let dir = self.dir;
+        let _ = tokio::task::spawn_blocking(move || drop(dir)).await;
+        stopped
     }
 }
 

@@ -113,13 +113,49 @@ fn main() -> anyhow::Result<()> {
 async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Figures)> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
+    progress("Redis: starting a server");
+    let redis_server = match redis::Server::start(&args.redis_server).await {
+        Ok(server) => server,
+        Err(err) => {
+            node.shutdown().await?;
+            return Err(err);
+        }
+    };
+    // Both are stopped whatever the rounds end with.
+    let rounds = interleave(args, &node, redis_server.as_ref()).await;
+    node.shutdown().await?;
+    let version = redis_server.as_ref().map(|server| server.version.clone());
+    if let Some(server) = redis_server {
+        server.stop().await;
+    }
+    let (cairn, redis, raw) = rounds?;
+    let redis = match version {
+        Some(version) => RedisRun::Ran {
+            version,
+            figures: redis.into_iter().map(median).collect(),
+        },
+        None => RedisRun::Skipped(format!(
+            "Redis skipped: {} is not installed (scripts/setup-debian.sh installs it; \
+             --redis-server names another)",
+            args.redis_server
+        )),
+    };
+    Ok((cairn.into_iter().map(median).collect(), redis, median(raw)))
+}
+
+/// Per workload, every round's figures of Cairn and of Redis (none without Redis); and raw
+/// RocksDB's rounds.
+type Rounds = (Vec<Vec<Figures>>, Vec<Vec<Figures>>, Vec<Figures>);
+
+async fn interleave(
+    args: &Args,
+    node: &cairn::Node,
+    redis_server: Option<&redis::Server>,
+) -> anyhow::Result<Rounds> {
     let mut cairn_connections = node.connections(args.clients).await?;
     progress(&format!("Cairn: writing {} keys to read", args.read_keys));
     drive::write_read_keys(args, &mut cairn_connections[0]).await?;
-
-    progress("Redis: starting a server");
-    let redis_server = redis::Server::start(&args.redis_server).await?;
-    let mut redis_connections = match &redis_server {
+    let mut redis_connections = match redis_server {
         Some(server) => {
             let mut connections = server.connections(args.clients).await?;
             progress(&format!("Redis: writing {} keys to read", args.read_keys));
@@ -150,20 +186,10 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Figu
             }
         }
     }
-    drop(cairn_connections);
-    node.shutdown().await?;
-    let redis = match redis_server {
-        Some(server) => RedisRun::Ran {
-            version: server.version.clone(),
-            figures: redis.into_iter().map(median).collect(),
-        },
-        None => RedisRun::Skipped(format!(
-            "Redis skipped: {} is not installed (scripts/setup-debian.sh installs it; \
-             --redis-server names another)",
-            args.redis_server
-        )),
-    };
-    Ok((cairn.into_iter().map(median).collect(), redis, median(raw)))
+    if redis_server.is_none() {
+        redis.clear();
+    }
+    Ok((cairn, redis, raw))
 }
 
 /// The run of median throughput (the lower middle one of an even count).

@@ -15,7 +15,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bounds one answer, so that a Redis that stops answering ends the run with an error.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A `redis-server` the benchmark started; killed when dropped.
+/// A `redis-server` the benchmark started; killed when dropped (see [`Server::stop`]).
 pub struct Server {
     child: Child,
     url: String,
@@ -26,29 +26,13 @@ pub struct Server {
 impl Server {
     /// Starts `binary`; `None` when it is not installed.
     pub async fn start(binary: &str) -> anyhow::Result<Option<Server>> {
-        let dir = tempfile::tempdir().context("create Redis's temporary folder")?;
-        let port = free_port()?;
-        let spawned = Command::new(binary)
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--dir")
-            .arg(dir.path())
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
-            .args(["--daemonize", "no", "--logfile"])
-            .arg(dir.path().join("redis.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match spawned {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            other => other.with_context(|| format!("start {binary}"))?,
+        // Creating the folder and starting the process block: off the async threads.
+        let binary = binary.to_owned();
+        let launched = tokio::task::spawn_blocking(move || launch(&binary))
+            .await
+            .context("start redis-server")??;
+        let Some((child, dir, port)) = launched else {
+            return Ok(None);
         };
         let mut server = Server {
             child,
@@ -60,6 +44,11 @@ impl Server {
         Ok(Some(server))
     }
 
+    /// Kills the server and removes its folder, on a blocking thread (the kill is waited for).
+    pub async fn stop(self) {
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
+    }
+
     /// Waits until the server answers, checks that it fsyncs every write, and returns its version.
     async fn wait_until_ready(&mut self) -> anyhow::Result<String> {
         let deadline = Instant::now() + START_TIMEOUT;
@@ -67,7 +56,7 @@ impl Server {
             if let Some(status) = self.child.try_wait().context("watch redis-server")? {
                 anyhow::bail!(
                     "redis-server exited ({status}) before it served; its log:\n{}",
-                    self.log()
+                    self.log().await
                 );
             }
             match self.connect().await {
@@ -75,7 +64,7 @@ impl Server {
                 Err(e) if Instant::now() >= deadline => {
                     return Err(e.context(format!(
                         "redis-server did not answer within {START_TIMEOUT:?}; its log:\n{}",
-                        self.log()
+                        self.log().await
                     )));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -123,10 +112,41 @@ impl Server {
         Ok(connections)
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("redis.log"))
+    async fn log(&self) -> String {
+        tokio::fs::read_to_string(self.dir.path().join("redis.log"))
+            .await
             .unwrap_or_else(|e| format!("(no log: {e})"))
     }
+}
+
+/// Starts `binary` in a temporary folder of its own on a free port; `None` when it is not
+/// installed. Blocking.
+fn launch(binary: &str) -> anyhow::Result<Option<(Child, tempfile::TempDir, u16)>> {
+    let dir = tempfile::tempdir().context("create Redis's temporary folder")?;
+    let port = free_port()?;
+    let spawned = Command::new(binary)
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--dir")
+        .arg(dir.path())
+        .args([
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ])
+        .args(["--daemonize", "no", "--logfile"])
+        .arg(dir.path().join("redis.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let child = match spawned {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other.with_context(|| format!("start {binary}"))?,
+    };
+    Ok(Some((child, dir, port)))
 }
 
 impl Drop for Server {
