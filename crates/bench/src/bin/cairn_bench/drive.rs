@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// One shape of request, run the same way against Cairn and Redis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     /// `--batch` keys per request: one Cairn put, `SET`s pipelined `--batch` deep in Redis.
     PutBatch,

@@ -29,6 +29,9 @@ struct Args {
     /// Concurrent clients, each with its own connection
     #[arg(long, default_value_t = 32)]
     clients: usize,
+    /// Workloads to run, comma-separated (all by default)
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::ALL)]
+    workloads: Vec<Workload>,
     /// Times each workload runs, interleaved with the others; the report shows the median run
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -166,14 +169,14 @@ async fn interleave(
     };
 
     let mut raw = Vec::new();
-    let mut cairn: Vec<Vec<Figures>> = Workload::ALL.iter().map(|_| Vec::new()).collect();
-    let mut redis: Vec<Vec<Figures>> = Workload::ALL.iter().map(|_| Vec::new()).collect();
+    let mut cairn: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
+    let mut redis: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         let of = format!("round {round}/{}", args.rounds);
         progress(&format!("{of}: raw RocksDB, synced batches"));
         let raw_args = args.clone();
         raw.push(tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args)).await??);
-        for (i, workload) in Workload::ALL.into_iter().enumerate() {
+        for (i, &workload) in args.workloads.iter().enumerate() {
             progress(&format!("{of}: Cairn: {}", workload.name(args.batch)));
             let (ran, back) = drive::drive(args, workload, round, cairn_connections).await?;
             cairn[i].push(ran);
@@ -232,7 +235,7 @@ fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &Figures)
         "p99 ms",
         "Cairn/Redis"
     );
-    for (i, workload) in Workload::ALL.iter().enumerate() {
+    for (i, workload) in args.workloads.iter().enumerate() {
         let (redis_columns, ratio) = match redis {
             RedisRun::Ran { figures, .. } => (
                 columns(&figures[i]),
@@ -254,9 +257,11 @@ fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &Figures)
         format!("raw RocksDB, synced batches of {}", args.batch),
         columns(raw)
     );
-    println!();
-    println!(
-        "batched put, Cairn/raw RocksDB: {:.2}",
-        cairn[0].keys_per_second() / raw.keys_per_second()
-    );
+    if let Some(i) = args.workloads.iter().position(|w| *w == Workload::PutBatch) {
+        println!();
+        println!(
+            "batched put, Cairn/raw RocksDB: {:.2}",
+            cairn[i].keys_per_second() / raw.keys_per_second()
+        );
+    }
 }
