@@ -268,7 +268,7 @@ impl LocalLogProvider {
             }
         }
         let (requests, queue) = mpsc::channel(shared.options.queue_depth_max);
-        let writer = writer::Writer::new(shared.clone(), queue, recovered.disk);
+        let writer = writer::Writer::new(shared.clone(), queue, recovered.disk)?;
         let handle = thread::Builder::new()
             .name("cairn-log-writer".into())
             .spawn(move || writer.run())?;

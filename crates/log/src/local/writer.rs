@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 #[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::Ordering;
+use std::thread;
 use tokio::sync::{mpsc, oneshot};
 
 /// The writer hands its buffer to the kernel whenever it holds this much, so that one huge commit
@@ -67,11 +68,17 @@ pub(super) struct Writer {
     /// Why the files may hold more than the durable prefix: a write or sync failed and cutting
     /// its leftovers failed too. Every request first tries again to cut them.
     failed: Option<(&'static str, io::Error)>,
+    deleter: Deleter,
 }
 
 impl Writer {
-    pub fn new(shared: Arc<CoreShared>, queue: mpsc::Receiver<Request>, disk: DiskState) -> Self {
-        Writer {
+    pub fn new(
+        shared: Arc<CoreShared>,
+        queue: mpsc::Receiver<Request>,
+        disk: DiskState,
+    ) -> io::Result<Self> {
+        Ok(Writer {
+            deleter: Deleter::start()?,
             shared,
             queue,
             segments: disk.segments,
@@ -80,7 +87,7 @@ impl Writer {
             next_seq: disk.next_seq,
             buf: Vec::new(),
             failed: None,
-        }
+        })
     }
 
     pub fn run(mut self) {
@@ -110,7 +117,7 @@ impl Writer {
             }
             self.serve_appends(appends);
             for (log, up_to, reply) in trims {
-                let _ = reply.send(self.serve_trim(&log, up_to));
+                self.serve_trim(&log, up_to, reply);
             }
         }
     }
@@ -406,7 +413,21 @@ impl Writer {
         Ok(())
     }
 
-    fn serve_trim(&mut self, log: &LogShared, up_to: u64) -> Result<()> {
+    /// Answers the trim once its trim point is durable and the segments it frees are gone; the
+    /// deletions run on the deleter's thread, so that the commits queued behind do not wait.
+    fn serve_trim(&mut self, log: &LogShared, up_to: u64, reply: oneshot::Sender<Result<()>>) {
+        match self.persist_trim(log, up_to) {
+            Ok(()) => {
+                let dead = self.collect_garbage();
+                self.deleter.delete(dead, reply);
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    fn persist_trim(&mut self, log: &LogShared, up_to: u64) -> Result<()> {
         self.repair()
             .map_err(|(context, e)| self.shared.write_error(log.log_id, context, e))?;
         let (current, tail) = {
@@ -422,16 +443,16 @@ impl Writer {
                 .write_error(log.log_id, "persisting the trim point", e)
         })?;
         log.state.lock().trim(trim_point);
-        self.collect_garbage();
         Ok(())
     }
 
-    /// Deletes the segments (before the one the durable prefix ends in) whose records are all at
-    /// or below their log's trim point. This is also where rewriting a lagging log's few live
-    /// records forward, to free the segments it alone keeps, would go.
-    fn collect_garbage(&mut self) {
+    /// Takes out of the table the segments (before the one the durable prefix ends in) whose
+    /// records are all at or below their log's trim point, and returns their paths to delete.
+    /// This is also where rewriting a lagging log's few live records forward, to free the
+    /// segments it alone keeps, would go.
+    fn collect_garbage(&mut self) -> Vec<PathBuf> {
         let Some((durable_seq, _)) = self.durable else {
-            return;
+            return Vec::new();
         };
         let dead: Vec<u64> = {
             let logs = self.shared.logs.lock();
@@ -442,21 +463,77 @@ impl Writer {
                 .map(|(seq, _)| *seq)
                 .collect()
         };
-        for seq in dead {
-            let Some(meta) = self.segments.remove(&seq) else {
-                continue;
-            };
-            // Readers still holding the file keep reading it; unlinking only frees the name.
-            // Not syncing the directory is fine: recovery deletes a segment that reappears.
-            match fs::remove_file(&meta.file.path) {
-                Ok(()) => {
-                    tracing::debug!(path = %meta.file.path.display(), "deleted a trimmed log segment")
+        dead.into_iter()
+            .filter_map(|seq| self.segments.remove(&seq))
+            .map(|meta| meta.file.path.clone())
+            .collect()
+    }
+}
+
+type Deletion = (Vec<PathBuf>, oneshot::Sender<Result<()>>);
+
+/// Deletes trimmed segments on a thread of its own. Joined when the writer stops, so that a
+/// provider reopened right after never lists a segment that is being deleted.
+struct Deleter {
+    jobs: Option<std::sync::mpsc::Sender<Deletion>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Deleter {
+    fn start() -> io::Result<Deleter> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Deletion>();
+        let thread = thread::Builder::new()
+            .name("cairn-log-deleter".into())
+            .spawn(move || {
+                for (paths, reply) in queue {
+                    delete_segments(&paths);
+                    let _ = reply.send(Ok(()));
                 }
-                Err(error) => tracing::warn!(
-                    path = %meta.file.path.display(), %error,
-                    "could not delete a trimmed log segment; the next recovery will retry"
-                ),
-            }
+            })?;
+        Ok(Deleter {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Deletes `paths`, then answers `reply`.
+    fn delete(&self, paths: Vec<PathBuf>, reply: oneshot::Sender<Result<()>>) {
+        if paths.is_empty() {
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        let Some(jobs) = &self.jobs else {
+            return;
+        };
+        if let Err(std::sync::mpsc::SendError((paths, reply))) = jobs.send((paths, reply)) {
+            // The deleter thread is gone (it panicked): delete here.
+            delete_segments(&paths);
+            let _ = reply.send(Ok(()));
+        }
+    }
+}
+
+impl Drop for Deleter {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the log segment deleter thread panicked");
+        }
+    }
+}
+
+fn delete_segments(paths: &[PathBuf]) {
+    for path in paths {
+        // Readers still holding the file keep reading it; unlinking only frees the name. Not
+        // syncing the directory is fine: recovery deletes a trimmed segment that reappears.
+        match fs::remove_file(path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "deleted a trimmed log segment"),
+            Err(error) => tracing::warn!(
+                path = %path.display(), %error,
+                "could not delete a trimmed log segment; the next recovery will retry"
+            ),
         }
     }
 }
