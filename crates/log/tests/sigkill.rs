@@ -25,6 +25,8 @@ const ROUNDS: usize = 5;
 fn options() -> LocalLogOptions {
     LocalLogOptions {
         segment_bytes_max: 2 << 20,
+        // Overlapping syncs whenever there is something to sync: the kill meets them too.
+        sync_overlap_after: Duration::ZERO,
         ..Default::default()
     }
 }

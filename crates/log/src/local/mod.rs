@@ -36,8 +36,19 @@
 //! Appends and trims of every log go through one bounded queue to one writer thread. The writer
 //! takes every request that is queued (up to [`LocalLogOptions::batch_records_max`] records or
 //! [`LocalLogOptions::batch_bytes_max`] bytes), hands out each log's next LSNs, encodes them all
-//! into one buffer, writes it, syncs once, and only then publishes the new tails and acknowledges
-//! them. The bounded queue pushes back on appenders when the disk cannot keep up.
+//! into one buffer and writes it: one commit. A syncer thread then `fdatasync`s the segment, which
+//! makes every commit written before the call durable; only then does the writer publish the new
+//! tails and acknowledge the appends, commit by commit in order. The bounded queue pushes back on
+//! appenders when the disk cannot keep up.
+//!
+//! While a sync is in flight the writer goes on writing the commits that arrive. On a fast disk
+//! they wait for the next sync, which covers them all (one sync per commit group). On a slow or
+//! busy disk, where a flush can take milliseconds and overlapping flushes of one file cost little
+//! more than one, the writer starts another sync once the oldest in flight has run for
+//! [`LocalLogOptions::sync_overlap_after`] (up to [`LocalLogOptions::syncs_in_flight_max`]). A
+//! sync's success counts only once every older sync succeeded too: after a failed writeback the
+//! kernel may report the error to one caller only, so a later sync's success does not prove the
+//! pages of an earlier commit reached the disk.
 //!
 //! # Reads
 //!
@@ -60,7 +71,7 @@
 //! sharing: a log that is never trimmed keeps every segment holding its records alive, with the
 //! other logs' trimmed records in them (space amplification). The way out, not built yet, is to
 //! rewrite a lagging log's live records forward into the newest segment; the writer's garbage
-//! collection ([`writer`]) is where it would go.
+//! collection (`writer::Writer::collect_garbage`) is where it would go.
 //!
 //! # Crash consistency
 //!
@@ -106,9 +117,10 @@
 //! - The trim point is written to a temporary file, synced, renamed over `trim-point` and the
 //!   directory synced: the file holds the old or the new trim point, never a mix. With all of a
 //!   log's records trimmed (and their segments gone), recovery takes its tail from the trim point.
-//! - If a write or sync fails (a full disk, a failing device), the writer fails the whole commit
-//!   (never acknowledged, for every log in it), deletes the segments it created, truncates the
-//!   last segment back to its durable length and syncs. After a failed `fsync` the kernel may
+//! - If a write or sync fails (a full disk, a failing device), the writer waits for the syncs in
+//!   flight and fails every commit not yet durable (never acknowledged, for every log in them),
+//!   deletes the segments they created, truncates the last segment back to its durable length
+//!   and syncs. After a failed `fsync` the kernel may
 //!   have dropped dirty pages while calling them clean, so those bytes are never synced again and
 //!   acknowledged: they are cut and later appends write afresh. If the cut fails too, every later
 //!   append or trim tries it again first and is refused until it succeeds; nothing needs
@@ -120,6 +132,7 @@
 mod read;
 mod record;
 mod recovery;
+mod sync;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -162,6 +175,13 @@ pub struct LocalLogOptions {
     /// How many append or trim requests (of all logs) may wait for the writer before callers are
     /// held back.
     pub queue_depth_max: usize,
+    /// How many `fdatasync` calls may be in flight at once, each covering every commit written
+    /// before it started. 1 syncs one commit group at a time; more lets a slow or busy disk
+    /// overlap them (a second one starts only once the first has run for a while).
+    pub syncs_in_flight_max: usize,
+    /// A further sync starts only once the oldest one in flight has run this long: a fast disk
+    /// then pays one sync per commit group, a slow or busy one overlaps them.
+    pub sync_overlap_after: std::time::Duration,
     /// How many payload bytes of its most recent records each log keeps in memory, so that
     /// reading right behind the appends needs no disk read. 0 keeps none.
     pub cache_bytes_max: usize,
@@ -176,6 +196,8 @@ impl Default for LocalLogOptions {
             batch_records_max: 4096,
             batch_bytes_max: 8 * 1024 * 1024,
             queue_depth_max: 1024,
+            syncs_in_flight_max: 4,
+            sync_overlap_after: std::time::Duration::from_micros(200),
             cache_bytes_max: 4 * 1024 * 1024,
         }
     }
@@ -198,9 +220,15 @@ impl LocalLogOptions {
                 self.record_bytes_max
             ));
         }
-        if self.batch_records_max == 0 || self.batch_bytes_max == 0 || self.queue_depth_max == 0 {
+        if self.batch_records_max == 0
+            || self.batch_bytes_max == 0
+            || self.queue_depth_max == 0
+            || self.syncs_in_flight_max == 0
+        {
             return invalid(
-                "batch_records_max, batch_bytes_max and queue_depth_max must be at least 1".into(),
+                "batch_records_max, batch_bytes_max, queue_depth_max and syncs_in_flight_max must \
+                 be at least 1"
+                    .into(),
             );
         }
         Ok(())
@@ -249,6 +277,8 @@ impl LocalLogProvider {
             #[cfg(any(test, feature = "test-util"))]
             commits: AtomicU64::new(0),
             #[cfg(any(test, feature = "test-util"))]
+            overlapped_syncs: AtomicU64::new(0),
+            #[cfg(any(test, feature = "test-util"))]
             faults: Arc::default(),
         });
         {
@@ -268,7 +298,8 @@ impl LocalLogProvider {
             }
         }
         let (requests, queue) = mpsc::channel(shared.options.queue_depth_max);
-        let writer = writer::Writer::new(shared.clone(), queue, recovered.disk)?;
+        let writer =
+            writer::Writer::new(shared.clone(), queue, requests.downgrade(), recovered.disk)?;
         let handle = thread::Builder::new()
             .name("cairn-log-writer".into())
             .spawn(move || writer.run())?;
@@ -316,10 +347,16 @@ impl LocalLogProvider {
         Ok(loglet)
     }
 
-    /// How many commits (syncs) the writer made, for all logs together.
+    /// How many commits (writes of queued appends) the writer made, for all logs together.
     #[cfg(any(test, feature = "test-util"))]
     pub fn commits(&self) -> u64 {
         self.core.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// How many syncs started while another one was in flight.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn overlapped_syncs(&self) -> u64 {
+        self.core.shared.overlapped_syncs.load(Ordering::Relaxed)
     }
 }
 
@@ -414,6 +451,9 @@ struct CoreShared {
     /// How many commits the writer made, so that tests can see group commit happen.
     #[cfg(any(test, feature = "test-util"))]
     commits: AtomicU64,
+    /// How many syncs started while another was in flight.
+    #[cfg(any(test, feature = "test-util"))]
+    overlapped_syncs: AtomicU64,
     /// Faults the writer's IO meets on purpose, for tests of its error handling.
     #[cfg(any(test, feature = "test-util"))]
     faults: Arc<Faults>,
@@ -629,6 +669,8 @@ enum Request {
         up_to: u64,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// A syncer finished: wakes the writer to settle its result.
+    Wake,
 }
 
 /// One log of a [`LocalLogProvider`]. The provider's writer runs while the provider or any of

@@ -265,7 +265,7 @@ impl Scan {
             .map_err(io_context("opening for writing", &segment.path))?;
         Ok(Some(Active {
             seq,
-            file,
+            file: Arc::new(file),
             segment,
             written: end,
         }))

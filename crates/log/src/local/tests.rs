@@ -1026,3 +1026,82 @@ fn invalid_options_are_refused() {
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_syncs_among_overlapping_ones_keep_exactly_what_was_acknowledged() {
+    let dir = TempDir::new().expect("temporary directory");
+    let options = LocalLogOptions {
+        segment_bytes_max: 2048,
+        syncs_in_flight_max: 4,
+        sync_overlap_after: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    let acknowledged = {
+        let provider = provider(dir.path(), options.clone());
+        let faults = provider.open_local(LogId(1)).await.expect("open").faults();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let toggler = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                // Syncs fail now and then for as long as the appenders run.
+                while !stop.load(Ordering::SeqCst) {
+                    faults.sync_fails.store(true, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    faults.sync_fails.store(false, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+                }
+            }
+        });
+        let mut tasks = Vec::new();
+        for task in 0..16u16 {
+            let log = provider
+                .open_local(LogId(1 + task % 4))
+                .await
+                .expect("open");
+            tasks.push(tokio::spawn(async move {
+                let mut acknowledged = Vec::new();
+                let mut failed = 0;
+                for i in 0..60 {
+                    let payload = Bytes::from(format!("task {task} record {i}"));
+                    match log.append(vec![payload.clone()]).await {
+                        Ok(lsn) => acknowledged.push((lsn, payload)),
+                        Err(_) => failed += 1,
+                    }
+                }
+                (log.log_id().0, acknowledged, failed)
+            }));
+        }
+        let mut all: HashMap<u16, std::collections::BTreeMap<Lsn, Bytes>> = HashMap::new();
+        let mut failures = 0;
+        for task in tasks {
+            let (log, acknowledged, failed) = task.await.expect("task");
+            all.entry(log).or_default().extend(acknowledged);
+            failures += failed;
+        }
+        stop.store(true, Ordering::SeqCst);
+        toggler.await.expect("toggler");
+        assert!(failures > 0, "some syncs failed");
+        assert!(provider.overlapped_syncs() > 0, "syncs overlapped");
+        // Exactly the acknowledged records, dense, while the provider runs...
+        for (log_id, expected) in &all {
+            let log = provider.open_local(LogId(*log_id)).await.expect("open");
+            let read = log.read(Lsn(1), 10_000).await.expect("read");
+            let read: std::collections::BTreeMap<Lsn, Bytes> =
+                read.into_iter().map(|e| (e.lsn, e.payload)).collect();
+            assert_eq!(&read, expected, "log {log_id}");
+        }
+        all
+    };
+    // ...and after reopening.
+    let provider = provider(dir.path(), options);
+    for (log_id, expected) in &acknowledged {
+        let log = provider.open_local(LogId(*log_id)).await.expect("reopen");
+        let tail = expected.keys().next_back().copied().unwrap_or(Lsn(0));
+        assert_eq!(log.state().await.expect("state"), state_of(0, tail.0));
+        assert_eq!(expected.len() as u64, tail.0, "log {log_id} is dense");
+        let read = log.read(Lsn(1), 10_000).await.expect("read");
+        let read: std::collections::BTreeMap<Lsn, Bytes> =
+            read.into_iter().map(|e| (e.lsn, e.payload)).collect();
+        assert_eq!(&read, expected, "log {log_id}");
+    }
+}

@@ -1,13 +1,15 @@
 //! The writer thread: one per provider. It gathers the queued appends of every log into one
-//! commit (one write, one `fdatasync`), rolls segments, cuts what a failed commit left behind,
-//! persists trim points and deletes the segments no log needs any more.
+//! commit (one write), has the syncers make commits durable and publishes them in order, rolls
+//! segments, cuts what failed commits left behind, persists trim points and hands the segments no
+//! log needs any more to the deleter.
 
 use super::record::{self, HEADER_BYTES, encode_record, segment_file_name, sync_dir};
+use super::sync::Syncers;
 use super::{CoreShared, Loc, LogShared, Request, SegmentFile};
 use crate::Result;
 use bytes::Bytes;
 use cairn_types::{LogId, Lsn};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -31,7 +33,8 @@ pub(super) struct SegmentMeta {
 /// The segment the writer appends to.
 pub(super) struct Active {
     pub seq: u64,
-    pub file: File,
+    /// Shared with the syncers.
+    pub file: Arc<File>,
     pub segment: Arc<SegmentFile>,
     /// Bytes written to the file so far.
     pub written: u64,
@@ -46,6 +49,9 @@ pub(super) struct DiskState {
 }
 
 type Appends = Vec<(Arc<LogShared>, Vec<Bytes>, oneshot::Sender<Result<Lsn>>)>;
+/// A failed IO call: what it was doing, and why it failed.
+type IoFailure = (&'static str, io::Error);
+type Trim = (Arc<LogShared>, u64, oneshot::Sender<Result<()>>);
 
 /// One log's records in the commit being written.
 struct Pending {
@@ -54,20 +60,41 @@ struct Pending {
     records: Vec<(Arc<SegmentFile>, Loc, Bytes)>,
 }
 
+/// A commit written to the active segment and waiting for a sync.
+struct Written {
+    id: u64,
+    pending: Vec<Pending>,
+    replies: Vec<(LogId, oneshot::Sender<Result<Lsn>>, u64)>,
+    /// Where the durable prefix ends once this commit is durable: segment and length.
+    end: (u64, u64),
+}
+
+/// How many written commits may wait for syncs before the writer stops taking requests.
+const WRITTEN_COMMITS_MAX: usize = 64;
+
 /// Owns the write side of every log of a provider; runs on its own thread.
 pub(super) struct Writer {
     shared: Arc<CoreShared>,
+    /// Dropped before `syncers`, so that a syncer waking the writer never waits on it.
     queue: mpsc::Receiver<Request>,
     segments: BTreeMap<u64, SegmentMeta>,
     active: Option<Active>,
-    /// The segment the durable prefix ends in and its length there.
+    /// The segment the durable (published) prefix ends in and its length there.
     durable: Option<(u64, u64)>,
     next_seq: u64,
     /// Encoded records not yet handed to the kernel; reused between commits.
     buf: Vec<u8>,
     /// Why the files may hold more than the durable prefix: a write or sync failed and cutting
     /// its leftovers failed too. Every request first tries again to cut them.
-    failed: Option<(&'static str, io::Error)>,
+    failed: Option<IoFailure>,
+    /// Commits written and not yet durable, oldest first.
+    written: VecDeque<Written>,
+    next_commit: u64,
+    /// The last commit a started sync covers.
+    covered: Option<u64>,
+    /// Each log's last LSN handed out, ahead of its published tail while commits wait for syncs.
+    assigned: HashMap<LogId, u64>,
+    syncers: Syncers,
     deleter: Deleter,
 }
 
@@ -75,10 +102,17 @@ impl Writer {
     pub fn new(
         shared: Arc<CoreShared>,
         queue: mpsc::Receiver<Request>,
+        wake: mpsc::WeakSender<Request>,
         disk: DiskState,
     ) -> io::Result<Self> {
+        let syncers = if shared.options.fsync {
+            shared.options.syncs_in_flight_max
+        } else {
+            0
+        };
         Ok(Writer {
             deleter: Deleter::start()?,
+            syncers: Syncers::start(syncers, &shared, wake)?,
             shared,
             queue,
             segments: disk.segments,
@@ -87,39 +121,64 @@ impl Writer {
             next_seq: disk.next_seq,
             buf: Vec::new(),
             failed: None,
+            written: VecDeque::new(),
+            next_commit: 0,
+            covered: None,
+            assigned: HashMap::new(),
         })
     }
 
     pub fn run(mut self) {
-        while let Some(first) = self.queue.blocking_recv() {
-            let mut appends: Appends = Vec::new();
-            let mut trims = Vec::new();
-            let (mut records, mut bytes) = (0usize, 0usize);
-            let mut next = Some(first);
-            while let Some(request) = next.take() {
-                match request {
-                    Request::Append {
-                        log,
-                        payloads,
-                        reply,
-                    } => {
-                        records += payloads.len();
-                        bytes += payloads.iter().map(Bytes::len).sum::<usize>();
-                        appends.push((log, payloads, reply));
-                    }
-                    Request::Trim { log, up_to, reply } => trims.push((log, up_to, reply)),
-                }
-                if records < self.shared.options.batch_records_max
-                    && bytes < self.shared.options.batch_bytes_max
-                {
-                    next = self.queue.try_recv().ok();
-                }
+        loop {
+            self.settle();
+            if self.written.len() >= WRITTEN_COMMITS_MAX {
+                self.syncers.wait();
+                continue;
             }
+            let Some(first) = self.queue.blocking_recv() else {
+                break;
+            };
+            let (appends, trims) = self.gather(first);
             self.serve_appends(appends);
             for (log, up_to, reply) in trims {
                 self.serve_trim(&log, up_to, reply);
             }
         }
+        // Every handle is gone: finish the commits in flight before stopping.
+        while !self.written.is_empty() {
+            self.syncers.wait();
+            self.settle();
+        }
+    }
+
+    /// Takes `first` and whatever else is queued, up to the batch limits.
+    fn gather(&mut self, first: Request) -> (Appends, Vec<Trim>) {
+        let mut appends: Appends = Vec::new();
+        let mut trims = Vec::new();
+        let (mut records, mut bytes) = (0usize, 0usize);
+        let mut next = Some(first);
+        while let Some(request) = next.take() {
+            match request {
+                Request::Append {
+                    log,
+                    payloads,
+                    reply,
+                } => {
+                    records += payloads.len();
+                    bytes += payloads.iter().map(Bytes::len).sum::<usize>();
+                    appends.push((log, payloads, reply));
+                }
+                Request::Trim { log, up_to, reply } => trims.push((log, up_to, reply)),
+                // A sync finished: `settle` takes it on the next turn.
+                Request::Wake => {}
+            }
+            if records < self.shared.options.batch_records_max
+                && bytes < self.shared.options.batch_bytes_max
+            {
+                next = self.queue.try_recv().ok();
+            }
+        }
+        (appends, trims)
     }
 
     fn serve_appends(&mut self, appends: Appends) {
@@ -128,40 +187,127 @@ impl Writer {
         }
         let result = self.repair().and_then(|()| self.write_commit(&appends));
         match result {
-            Ok(lasts) => {
-                for ((_, _, reply), last) in appends.into_iter().zip(lasts) {
-                    // The caller may have given up waiting; the records are durable regardless.
-                    let _ = reply.send(Ok(Lsn(last)));
+            Ok((pending, lasts)) => {
+                let id = self.next_commit;
+                self.next_commit += 1;
+                let replies = appends
+                    .into_iter()
+                    .zip(lasts)
+                    .map(|((log, _, reply), last)| (log.log_id, reply, last))
+                    .collect();
+                let end = self
+                    .active
+                    .as_ref()
+                    .map(|a| (a.seq, a.written))
+                    .expect("a written commit has an active segment");
+                self.written.push_back(Written {
+                    id,
+                    pending,
+                    replies,
+                    end,
+                });
+                if self.shared.options.fsync {
+                    self.start_sync();
+                } else {
+                    self.publish_through(id);
                 }
             }
-            Err((context, error)) => {
-                tracing::error!(
-                    dir = %self.shared.wal_dir.display(), %error, context,
-                    "log write failed; the commit is refused and its bytes are cut from the log"
-                );
-                // Cut before answering, so that whoever sees the error finds the log as it was.
-                if let Err((context, error)) = self.cut_unpublished() {
-                    tracing::error!(
-                        dir = %self.shared.wal_dir.display(), %error, context,
-                        "cannot cut the bytes of a failed write; appends are refused until it can"
-                    );
-                    self.failed = Some((context, error));
-                }
-                let (kind, message) = (error.kind(), error.to_string());
-                let mut source = Some(error);
-                for (log, _, reply) in appends {
-                    let source = source
-                        .take()
-                        .unwrap_or_else(|| io::Error::new(kind, message.clone()));
-                    let _ = reply.send(Err(self.shared.write_error(log.log_id, context, source)));
-                }
+            Err((context, error)) => self.fail(context, error, appends),
+        }
+    }
+
+    /// Publishes what the finished syncs made durable, or fails what a failed one left.
+    fn settle(&mut self) {
+        let settled = self.syncers.settle();
+        if let Some(covers) = settled.synced {
+            self.publish_through(covers);
+        }
+        if let Some(error) = settled.failure {
+            self.fail("syncing a segment", error, Vec::new());
+            return;
+        }
+        self.start_sync();
+    }
+
+    /// Starts a sync of every written commit that none covers yet, unless enough are in flight
+    /// or the oldest in flight is young (a fast disk: waiting for it costs less than a sync).
+    fn start_sync(&mut self) {
+        let Some(last) = self.written.back().map(|w| w.id) else {
+            return;
+        };
+        if self.covered.is_some_and(|covered| covered >= last) {
+            return;
+        }
+        let in_flight = self.syncers.in_flight();
+        if in_flight >= self.shared.options.syncs_in_flight_max
+            || (in_flight > 0
+                && self.syncers.oldest_age() < Some(self.shared.options.sync_overlap_after))
+        {
+            return;
+        }
+        #[cfg(any(test, feature = "test-util"))]
+        if in_flight > 0 {
+            self.shared.overlapped_syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        let active = self
+            .active
+            .as_ref()
+            .expect("a written commit has an active segment");
+        self.syncers.start_sync(active.file.clone(), last);
+        self.covered = Some(last);
+    }
+
+    /// Makes the written commits up to `id` readable and acknowledges them.
+    fn publish_through(&mut self, id: u64) {
+        while self.written.front().is_some_and(|w| w.id <= id) {
+            let written = self.written.pop_front().expect("checked");
+            self.publish(written.pending, written.end);
+            for (_, reply, last) in written.replies {
+                // The caller may have given up waiting; the records are durable regardless.
+                let _ = reply.send(Ok(Lsn(last)));
             }
         }
     }
 
+    /// A write or sync failed: waits for the syncs in flight, cuts every commit not yet durable
+    /// from the files and fails them all, with `appends` (not written) too.
+    fn fail(&mut self, context: &'static str, error: io::Error, appends: Appends) {
+        tracing::error!(
+            dir = %self.shared.wal_dir.display(), %error, context,
+            "log write failed; the commits not yet durable are refused and cut from the log"
+        );
+        self.syncers.drain();
+        // Cut before answering, so that whoever sees the error finds the log as it was.
+        if let Err((context, error)) = self.cut_unpublished() {
+            tracing::error!(
+                dir = %self.shared.wal_dir.display(), %error, context,
+                "cannot cut the bytes of a failed write; appends are refused until it can"
+            );
+            self.failed = Some((context, error));
+        }
+        let replies = self
+            .written
+            .drain(..)
+            .flat_map(|w| w.replies.into_iter().map(|(log, reply, _)| (log, reply)))
+            .chain(
+                appends
+                    .into_iter()
+                    .map(|(log, _, reply)| (log.log_id, reply)),
+            );
+        let (kind, message) = (error.kind(), error.to_string());
+        let mut source = Some(error);
+        for (log_id, reply) in replies {
+            let source = source
+                .take()
+                .unwrap_or_else(|| io::Error::new(kind, message.clone()));
+            let _ = reply.send(Err(self.shared.write_error(log_id, context, source)));
+        }
+        self.assigned.clear();
+    }
+
     /// After a failed write whose leftovers could not be cut: tries again. `Err` is why appends
     /// and trims are refused for now.
-    fn repair(&mut self) -> Result<(), (&'static str, io::Error)> {
+    fn repair(&mut self) -> Result<(), IoFailure> {
         if self.failed.is_none() {
             return Ok(());
         }
@@ -176,7 +322,7 @@ impl Writer {
     /// synced before, so nothing acknowledged depends on a failed `fsync`; the failed commit's
     /// bytes are never synced and acknowledged later (after a failed `fsync` the kernel may have
     /// dropped them while calling them clean), they are cut and written anew.
-    fn cut_unpublished(&mut self) -> Result<(), (&'static str, io::Error)> {
+    fn cut_unpublished(&mut self) -> Result<(), IoFailure> {
         self.buf.clear();
         self.active = None;
         let durable_seq = self.durable.map(|(seq, _)| seq);
@@ -233,7 +379,7 @@ impl Writer {
             }
             self.active = Some(Active {
                 seq,
-                file,
+                file: Arc::new(file),
                 segment,
                 written: len,
             });
@@ -241,18 +387,22 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes and syncs one commit of every queued append, then publishes it. Returns the last
-    /// LSN of each append.
-    fn write_commit(&mut self, appends: &Appends) -> Result<Vec<u64>, (&'static str, io::Error)> {
+    /// Writes one commit of every queued append (not synced yet). Returns each log's records in
+    /// it and the last LSN of each append.
+    fn write_commit(&mut self, appends: &Appends) -> Result<(Vec<Pending>, Vec<u64>), IoFailure> {
         let max = self.shared.options.segment_bytes_max;
         let mut pending: Vec<Pending> = Vec::new();
         let mut slots: HashMap<LogId, usize> = HashMap::new();
         let mut lasts = Vec::with_capacity(appends.len());
         for (log, payloads, _) in appends {
             let slot = *slots.entry(log.log_id).or_insert_with(|| {
+                let last = match self.assigned.get(&log.log_id) {
+                    Some(last) => *last,
+                    None => log.state.lock().tail,
+                };
                 pending.push(Pending {
                     log: log.clone(),
-                    next: log.state.lock().tail + 1,
+                    next: last + 1,
                     records: Vec::new(),
                 });
                 pending.len() - 1
@@ -297,17 +447,18 @@ impl Writer {
             lasts.push(pending[slot].next - 1);
         }
         self.flush()?;
-        self.sync_active()?;
         if self.buf.capacity() > 2 * WRITE_CHUNK_BYTES {
             self.buf = Vec::new();
         }
-        self.publish(pending);
-        Ok(lasts)
+        for p in &pending {
+            self.assigned.insert(p.log.log_id, p.next - 1);
+        }
+        Ok((pending, lasts))
     }
 
     /// Makes a durable commit readable: each log's record locations, cache and tail, and which
-    /// segments hold records of which logs.
-    fn publish(&mut self, pending: Vec<Pending>) {
+    /// segments hold records of which logs. `end` is where the commit ends.
+    fn publish(&mut self, pending: Vec<Pending>, end: (u64, u64)) {
         let cache_max = self.shared.options.cache_bytes_max;
         for Pending { log, next, records } in pending {
             for (segment, _, _) in &records {
@@ -319,12 +470,12 @@ impl Writer {
             log.state.lock().publish(records, cache_max);
             log.durable.send_modify(|d| d.tail = next - 1);
         }
-        self.durable = self.active.as_ref().map(|a| (a.seq, a.written));
+        self.durable = Some(end);
         #[cfg(any(test, feature = "test-util"))]
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn flush(&mut self) -> Result<(), (&'static str, io::Error)> {
+    fn flush(&mut self) -> Result<(), IoFailure> {
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -348,7 +499,7 @@ impl Writer {
         Ok(())
     }
 
-    fn sync_active(&mut self) -> Result<(), (&'static str, io::Error)> {
+    fn sync_active(&mut self) -> Result<(), IoFailure> {
         match &self.active {
             Some(active) if self.shared.options.fsync => {
                 #[cfg(any(test, feature = "test-util"))]
@@ -366,7 +517,7 @@ impl Writer {
     }
 
     /// Starts a new segment.
-    fn roll(&mut self) -> Result<(), (&'static str, io::Error)> {
+    fn roll(&mut self) -> Result<(), IoFailure> {
         // Sync the segment being left first: recovery tolerates a torn tail only in the last
         // segment, so no older segment may ever end in unsynced bytes.
         self.flush()?;
@@ -402,7 +553,7 @@ impl Writer {
         );
         self.active = Some(Active {
             seq,
-            file,
+            file: Arc::new(file),
             segment,
             written: 0,
         });
