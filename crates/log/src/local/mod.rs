@@ -197,7 +197,7 @@ impl Default for LocalLogOptions {
             batch_bytes_max: 8 * 1024 * 1024,
             queue_depth_max: 1024,
             syncs_in_flight_max: 4,
-            sync_overlap_after: std::time::Duration::from_micros(200),
+            sync_overlap_after: std::time::Duration::from_micros(500),
             cache_bytes_max: 4 * 1024 * 1024,
         }
     }
