@@ -402,10 +402,8 @@ impl Refusal {
                     format!(
                         "{} holds the log in the layout of an earlier Cairn version (a directory \
                          of segment files per log), which this version neither reads nor \
-                         converts; start the earlier version to take a snapshot of the \
-                         partition, then move {} out of the log directory and restore the \
-                         partition from that snapshot with this version",
-                        path.display(),
+                         converts; keep running the earlier version on this base dir, or start \
+                         this version on a new, empty one",
                         path.display()
                     ),
                 ),

@@ -985,7 +985,7 @@ async fn a_log_in_the_old_layout_is_refused_saying_what_to_do() {
             let message = error.to_string();
             assert!(message.contains(&old.display().to_string()), "{message}");
             assert!(message.contains("earlier Cairn version"), "{message}");
-            assert!(message.contains("restore the partition"), "{message}");
+            assert!(message.contains("new, empty one"), "{message}");
         }
         Err(other) => panic!("expected an old-layout error, got {other}"),
         Ok(_) => panic!("a log in the old layout opened"),
