@@ -1105,3 +1105,28 @@ async fn failing_syncs_among_overlapping_ones_keep_exactly_what_was_acknowledged
         assert_eq!(&read, expected, "log {log_id}");
     }
 }
+
+#[tokio::test]
+async fn recent_records_are_read_from_memory_and_older_ones_from_the_segments() {
+    let dir = TempDir::new().expect("temporary directory");
+    let options = LocalLogOptions {
+        // Room for the payloads of the last 5 test records.
+        cache_bytes_max: 5 * 34,
+        ..Default::default()
+    };
+    let provider = provider(dir.path(), options);
+    let log = provider.open_local(LogId(1)).await.expect("open");
+    append_records(&log, 1, 10).await;
+    // The segment loses its content behind the provider's back: only what is in memory reads.
+    OpenOptions::new()
+        .write(true)
+        .open(segment_path(dir.path(), 1))
+        .expect("segment")
+        .set_len(0)
+        .expect("empty the segment");
+    assert_eq!(log.read(Lsn(6), 100).await.expect("read"), records(6, 10));
+    assert!(
+        log.read(Lsn(5), 100).await.is_err(),
+        "LSN 5 is not in memory, so it is read from the (now empty) segment"
+    );
+}
