@@ -1,9 +1,11 @@
 //! SIGKILL while shared commits are half written, with real processes: a child process appends
-//! from many tasks to 16 logs of one provider (commits larger than one write call, so that a kill
-//! can land between the writes of one commit, or between its write and its sync) and prints every
-//! acknowledged record. The parent kills it at a random moment, reopens the logs, and checks that
-//! every acknowledged record is there with its payload and that every log is dense. Between
-//! rounds it trims the logs, so that recovery also meets shared segments that trims emptied.
+//! from many tasks to 16 logs of one provider and prints every acknowledged record. Some commits
+//! are larger than one write call, so a kill can stop a commit between its writes, or between its
+//! write and its sync (a kill cannot tear a single write call: the kernel finishes it; torn
+//! records are covered by the tests that cut segment files in `local::tests`). The parent kills
+//! the child at a random moment, reopens the logs, and checks that every acknowledged record is
+//! there with its payload and that every log is dense. Between rounds it trims the logs, so that
+//! recovery also meets shared segments that trims emptied.
 
 use bytes::Bytes;
 use cairn_log::Loglet;
@@ -24,7 +26,7 @@ const ROUNDS: usize = 5;
 
 fn options() -> LocalLogOptions {
     LocalLogOptions {
-        segment_bytes_max: 2 << 20,
+        segment_bytes_max: 8 << 20,
         // Overlapping syncs whenever there is something to sync: the kill meets them too.
         sync_overlap_after: Duration::ZERO,
         ..Default::default()
@@ -38,9 +40,16 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The payload a seed stands for: 100 bytes to 20 KB, different for every seed.
+/// The payload a seed stands for, different for every seed: mostly 100 bytes to 20 KB, one in 16
+/// up to 1.2 MB, so that some commits take more than one write call and a kill can land between
+/// them.
 fn payload(seed: u64) -> Bytes {
-    let len = 100 + (splitmix(seed) % 20_000) as usize;
+    let random = splitmix(seed);
+    let len = if random % 16 == 0 {
+        300_000 + (random % 900_000) as usize
+    } else {
+        100 + (random % 20_000) as usize
+    };
     let mut bytes = Vec::with_capacity(len + 8);
     let mut word = seed;
     while bytes.len() < len {
