@@ -45,7 +45,7 @@ fn splitmix(mut x: u64) -> u64 {
 /// them.
 fn payload(seed: u64) -> Bytes {
     let random = splitmix(seed);
-    let len = if random % 16 == 0 {
+    let len = if random.is_multiple_of(16) {
         300_000 + (random % 900_000) as usize
     } else {
         100 + (random % 20_000) as usize
