@@ -16,8 +16,8 @@ use support::{Server, cairnctl, created_id, fails, ok, run_cairn};
 const PARTITIONS: u16 = 4;
 /// The partition whose log the tests damage.
 const DAMAGED: PartitionId = PartitionId(2);
-/// `[u32 len][u32 crc][u64 lsn]` before every record's payload in a segment.
-const RECORD_HEADER_BYTES: usize = 16;
+/// `[u32 len][u32 crc][u64 log id][u64 lsn]` before every record's payload in a segment.
+const RECORD_HEADER_BYTES: usize = 24;
 
 fn start(dir: &Path) -> Server {
     Server::start_with(dir, &[], &[("CAIRN_NUM_PARTITIONS", "4")])
@@ -73,27 +73,59 @@ async fn partition_row(address: &str, id: PartitionId) -> (u64, u64, String) {
     (p.applied_lsn, p.log_tail, p.status)
 }
 
-/// The newest segment file of a partition's log.
-fn last_segment(base_dir: &Path, id: PartitionId) -> PathBuf {
-    let log_dir = base_dir.join("log").join(id.0.to_string());
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&log_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segments.sort();
-    segments.pop().expect("the log has a segment")
+/// The newest segment of the node's write-ahead log, which the logs of all partitions share.
+fn last_segment(base_dir: &Path) -> PathBuf {
+    segments(base_dir).pop().expect("the log has a segment")
 }
 
-/// Offset and LSN of the `n`th record (from 0) of a segment, walking its framing.
-fn record_at(segment: &[u8], n: usize) -> (usize, u64) {
+/// The segments of the node's write-ahead log, oldest first.
+fn segments(base_dir: &Path) -> Vec<PathBuf> {
+    let wal_dir = base_dir.join("log").join("wal");
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(&wal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    segments.sort();
+    segments
+}
+
+/// Offset, log id and LSN of every record of a segment, walking its framing.
+fn records_in(segment: &[u8]) -> Vec<(usize, u64, u64)> {
+    let mut records = Vec::new();
     let mut offset = 0;
-    for _ in 0..n {
+    while offset + RECORD_HEADER_BYTES <= segment.len() {
+        let u64_at = |i: usize| u64::from_le_bytes(segment[i..i + 8].try_into().unwrap());
         let len = u32::from_le_bytes(segment[offset..offset + 4].try_into().unwrap()) as usize;
+        records.push((offset, u64_at(offset + 8), u64_at(offset + 16)));
         offset += RECORD_HEADER_BYTES + len;
     }
-    let lsn = u64::from_le_bytes(segment[offset + 8..offset + 16].try_into().unwrap());
+    records
+}
+
+/// Offset and LSN of the `n`th record (from 0) of partition `id`'s log in a segment.
+fn record_at(segment: &[u8], id: PartitionId, n: usize) -> (usize, u64) {
+    let (offset, _, lsn) = records_in(segment)
+        .into_iter()
+        .filter(|(_, log, _)| *log == u64::from(id.0))
+        .nth(n)
+        .expect("the segment holds that many records of the log");
     (offset, lsn)
+}
+
+/// A lost write at the end of the log: cuts a few bytes off the newest segment, whose last
+/// record is the damaged partition's.
+fn cut_the_last_record(base_dir: &Path) {
+    let segment = last_segment(base_dir);
+    let last = records_in(&std::fs::read(&segment).unwrap())
+        .pop()
+        .expect("a record");
+    assert_eq!(
+        last.1,
+        u64::from(DAMAGED.0),
+        "the newest record is the damaged partition's"
+    );
+    shrink(&segment, 5);
 }
 
 /// The other partitions serve: a key of each can be written and read.
@@ -122,8 +154,7 @@ async fn a_log_cut_at_its_tail_stops_the_partition_until_restored() {
     server.stop();
 
     // A lost write at the end of the log: its last record (the last key) loses a few bytes.
-    let segment = last_segment(dir.path(), DAMAGED);
-    shrink(&segment, 5);
+    cut_the_last_record(dir.path());
 
     // Twice: the partition stays down with both LSNs, and nothing is appended to its log, so a
     // restart never serves a different record at an LSN the store applied.
@@ -186,8 +217,7 @@ async fn write_then_cut_the_log(dir: &Path, keys: &[String]) -> u64 {
     put_each(&server.address, keys).await;
     let (applied, _, _) = partition_row(&server.address, DAMAGED).await;
     server.stop();
-    let segment = last_segment(dir, DAMAGED);
-    shrink(&segment, 5);
+    cut_the_last_record(dir);
     applied
 }
 
@@ -231,9 +261,9 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
     server.stop();
 
     // One byte inside the payload of a record in the middle of the newest segment.
-    let segment = last_segment(dir.path(), DAMAGED);
+    let segment = last_segment(dir.path());
     let intact = std::fs::read(&segment).unwrap();
-    let (offset, lsn) = record_at(&intact, 20);
+    let (offset, lsn) = record_at(&intact, DAMAGED, 20);
     let mut damaged = intact.clone();
     damaged[offset + RECORD_HEADER_BYTES + 3] ^= 0x20;
     std::fs::write(&segment, &damaged).unwrap();
@@ -256,14 +286,15 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
     );
     other_partitions_serve(&server.address).await;
     server.stop();
-    assert_eq!(
-        std::fs::read(&segment).unwrap(),
-        damaged,
-        "the segment was left as it was"
-    );
+    // The segment was left as it was; the other partitions' writes went on after its end (the
+    // segment is shared by every partition's log).
+    let now = std::fs::read(&segment).unwrap();
+    assert!(now.starts_with(&damaged), "the segment was left as it was");
 
     // Nothing acknowledged was dropped: with the byte repaired, every key is there.
-    std::fs::write(&segment, &intact).unwrap();
+    let mut repaired = now;
+    repaired[..intact.len()].copy_from_slice(&intact);
+    std::fs::write(&segment, &repaired).unwrap();
     let server = start(dir.path());
     assert_all_there(&server.address, &keys).await;
 }
@@ -432,9 +463,9 @@ async fn logs_describe_names_a_log_that_cannot_be_opened_and_describes_the_other
     server.stop();
 
     // Corruption in the middle of the newest segment: the log cannot be opened.
-    let segment = last_segment(dir.path(), DAMAGED);
+    let segment = last_segment(dir.path());
     let mut bytes = std::fs::read(&segment).unwrap();
-    let (offset, lsn) = record_at(&bytes, 4);
+    let (offset, lsn) = record_at(&bytes, DAMAGED, 4);
     bytes[offset + RECORD_HEADER_BYTES + 1] ^= 0x01;
     std::fs::write(&segment, &bytes).unwrap();
 
@@ -689,26 +720,34 @@ async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
         ],
     );
     let client = client(&server.address).await;
-    // Enough for a second segment.
-    for key in keys_of(DAMAGED, "big", 24) {
+    // Enough for a few segments; past the first, they hold records of the damaged partition only.
+    for key in keys_of(DAMAGED, "big", 40) {
         put_large(&client, &key, 64 * 1024).await.unwrap();
     }
     server.stop();
-    let log_dir = dir.path().join("log").join(DAMAGED.0.to_string());
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&log_dir)
+    let segments = segments(dir.path());
+    assert!(segments.len() >= 3, "{segments:?}");
+    let in_lost = records_in(&std::fs::read(&segments[1]).unwrap());
+    assert!(
+        in_lost
+            .iter()
+            .all(|(_, log, _)| *log == u64::from(DAMAGED.0)),
+        "only the damaged partition has records in the segment to lose"
+    );
+    // A segment in the middle is lost (a file-system fault): the log misses records.
+    std::fs::remove_file(&segments[1]).unwrap();
+    let lost_name = segments[1]
+        .file_name()
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segments.sort();
-    assert!(segments.len() >= 2, "{segments:?}");
-    // The first segment is lost (a file-system fault): the log starts past its trim point.
-    std::fs::remove_file(&segments[0]).unwrap();
+        .to_str()
+        .unwrap()
+        .to_string();
 
     let server = start(dir.path());
     let (_, _, status) = partition_row(&server.address, DAMAGED).await;
     for needle in [
-        segments[1].display().to_string(),
+        segments[2].display().to_string(),
+        lost_name,
         "records are missing".to_string(),
         "back from a backup".to_string(),
     ] {
@@ -731,8 +770,7 @@ async fn a_snapshot_of_records_the_log_lost_is_not_replayed_over_new_ones() {
         &["snapshots", "create", "-p", "2"],
     ));
     server.stop();
-    let segment = last_segment(dir.path(), DAMAGED);
-    shrink(&segment, 5);
+    cut_the_last_record(dir.path());
     // The operator accepts the loss, as offered, and writes on: the log now holds different
     // records at and after the snapshot's LSN.
     let base_dir = dir.path().to_str().unwrap();

@@ -1,0 +1,523 @@
+//! Recovery at open: reads every log's trim point and every shared segment once, in order,
+//! rebuilds each log's record locations, cuts a torn tail, and decides which logs damage or
+//! missing records keep from opening. See the crash-consistency rules in the [module docs](super).
+
+use super::record::{
+    self, HEADER_BYTES, Header, RecordError, SEGMENT_SUFFIX, SegmentReader, TrimPointError,
+    read_record, segment_file_name, valid_record_after,
+};
+use super::writer::{Active, DiskState, SegmentMeta};
+use super::{Loc, LocalLogOptions, Refusal, Run, SegmentFile};
+use cairn_types::LogId;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What recovery found.
+pub(super) struct Recovered {
+    pub logs: HashMap<LogId, LogRecovered>,
+    pub refused: HashMap<LogId, Refusal>,
+    pub refused_all: Option<Refusal>,
+    pub disk: DiskState,
+}
+
+pub(super) struct LogRecovered {
+    pub trim_point: u64,
+    pub tail: u64,
+    pub runs: VecDeque<Run>,
+}
+
+/// Recovers every log under `dir`. Blocking. Fails only if the files cannot be read at all;
+/// damage and missing records refuse the logs they concern instead.
+pub(super) fn recover(
+    dir: &Path,
+    wal_dir: &Path,
+    options: &LocalLogOptions,
+) -> io::Result<Recovered> {
+    let mut scan = Scan::default();
+    scan.read_log_dirs(dir)?;
+    let files = scan.list_segments(wal_dir)?;
+    let mut active = None;
+    let count = files.len();
+    for (i, (seq, path)) in files.into_iter().enumerate() {
+        active = scan.segment(seq, path, i + 1 == count, options)?;
+    }
+    let refused_all = scan.unattributed();
+    if refused_all.is_none() {
+        scan.delete_trimmed_segments(active.as_ref().map(|a| a.seq))?;
+    }
+    let next_seq = scan.present.last().map_or(1, |last| last + 1);
+    let logs = scan.logs();
+    tracing::info!(
+        logs = logs.len(),
+        refused = scan.refused.len(),
+        segments = scan.segments.len(),
+        "recovered the log"
+    );
+    Ok(Recovered {
+        logs,
+        refused: scan.refused,
+        refused_all,
+        disk: DiskState {
+            segments: scan.segments,
+            active,
+            next_seq,
+        },
+    })
+}
+
+/// Damage that is not a torn tail.
+struct BadSpot {
+    /// Where: segment and offset, ordered as the log is.
+    at: (u64, u64),
+    path: String,
+    detail: String,
+    /// Whether a log was refused for it.
+    attributed: bool,
+}
+
+#[derive(Default)]
+struct Scan {
+    trims: HashMap<LogId, u64>,
+    /// The LSN each log expects next (for refused logs too: the highest seen plus one).
+    next: HashMap<LogId, u64>,
+    /// Where each log's last record was (segment, offset).
+    last_at: HashMap<LogId, (u64, u64)>,
+    runs: HashMap<LogId, VecDeque<Run>>,
+    refused: HashMap<LogId, Refusal>,
+    bad_spots: Vec<BadSpot>,
+    segments: BTreeMap<u64, SegmentMeta>,
+    /// Segments with a bad spot: what they hold is not fully known, so they are never deleted.
+    damaged: HashSet<u64>,
+    /// Every segment that was listed.
+    present: BTreeSet<u64>,
+    misnamed: Option<Refusal>,
+}
+
+fn io_context<'p>(
+    context: &'static str,
+    path: &'p Path,
+) -> impl FnOnce(io::Error) -> io::Error + 'p {
+    move |e| io::Error::new(e.kind(), format!("{context} {}: {e}", path.display()))
+}
+
+impl Scan {
+    /// Reads the trim point of every log that has a directory, and refuses logs in the old layout.
+    fn read_log_dirs(&mut self, dir: &Path) -> io::Result<()> {
+        for entry in fs::read_dir(dir).map_err(io_context("listing", dir))? {
+            let entry = entry.map_err(io_context("listing", dir))?;
+            let Some(log_id) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u16>().ok())
+            else {
+                continue;
+            };
+            let log_id = LogId(log_id);
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            let old_layout = fs::read_dir(&path)
+                .map_err(io_context("listing", &path))?
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().ends_with(".seg"));
+            if old_layout {
+                self.refused.insert(log_id, Refusal::OldLayout { path });
+                continue;
+            }
+            match record::read_trim_point(&path) {
+                Ok(trim_point) => {
+                    self.trims.insert(log_id, trim_point);
+                }
+                Err(TrimPointError::Corrupt(detail)) => {
+                    let path = path.join(record::TRIM_POINT_FILE).display().to_string();
+                    self.refused.insert(
+                        log_id,
+                        Refusal::Corrupt {
+                            path,
+                            offset: None,
+                            detail: format!("the trim point: {detail}"),
+                        },
+                    );
+                }
+                Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The segment files, by sequence number.
+    fn list_segments(&mut self, wal_dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+        let mut files = Vec::new();
+        for entry in fs::read_dir(wal_dir).map_err(io_context("listing", wal_dir))? {
+            let entry = entry.map_err(io_context("listing", wal_dir))?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(SEGMENT_SUFFIX)) else {
+                continue;
+            };
+            match stem.parse::<u64>() {
+                Ok(seq) if seq > 0 => files.push((seq, entry.path())),
+                _ => {
+                    self.misnamed.get_or_insert(Refusal::Corrupt {
+                        path: entry.path().display().to_string(),
+                        offset: None,
+                        detail: "not a valid segment file name; every log may have records in \
+                                 it, so none is opened"
+                            .into(),
+                    });
+                }
+            }
+        }
+        files.sort_unstable();
+        self.present = files.iter().map(|(seq, _)| *seq).collect();
+        Ok(files)
+    }
+
+    fn expected(&self, log_id: LogId) -> u64 {
+        self.next
+            .get(&log_id)
+            .copied()
+            .unwrap_or_else(|| self.trims.get(&log_id).copied().unwrap_or(0) + 1)
+    }
+
+    /// Whether a record of `log_id` at `lsn` could be where `most_between` records at most fit
+    /// between it and a bad spot: a record below the log's trim point, or one that the bytes
+    /// between allow after the log's next expected LSN.
+    fn plausible(&self, log_id: u64, lsn: u64, most_between: u64) -> bool {
+        let Ok(log_id) = u16::try_from(log_id).map(LogId) else {
+            return false;
+        };
+        let trimmed = self
+            .trims
+            .get(&log_id)
+            .is_some_and(|tp| lsn >= 1 && lsn <= *tp);
+        let expected = self.expected(log_id);
+        trimmed || (lsn >= expected && lsn - expected <= most_between)
+    }
+
+    /// Reads one segment through. Returns the segment to append to, if it is the last.
+    fn segment(
+        &mut self,
+        seq: u64,
+        path: PathBuf,
+        is_last: bool,
+        options: &LocalLogOptions,
+    ) -> io::Result<Option<Active>> {
+        let file = File::open(&path).map_err(io_context("opening", &path))?;
+        let file_len = file
+            .metadata()
+            .map_err(io_context("reading the size of", &path))?
+            .len();
+        let segment = Arc::new(SegmentFile { seq, path, file });
+        let mut meta = SegmentMeta {
+            file: segment.clone(),
+            logs: HashMap::new(),
+        };
+        let mut reader = SegmentReader::new(&segment.file, file_len);
+        let mut offset = 0;
+        let mut end = file_len;
+        while offset < file_len {
+            let detail = match read_record(&mut reader, offset) {
+                Ok((header, next)) if offset <= u64::from(u32::MAX) => {
+                    match u16::try_from(header.log_id) {
+                        Ok(id) => {
+                            self.on_record(&segment, offset, LogId(id), header, &mut meta);
+                            offset = next;
+                            continue;
+                        }
+                        Err(_) => format!("names log id {}, which no log has", header.log_id),
+                    }
+                }
+                Ok(_) => "lies past 4 GiB, where no segment holds records".to_string(),
+                Err(RecordError::Invalid(detail)) => detail,
+                Err(RecordError::Io(e)) => return Err(io_context("reading", &segment.path)(e)),
+            };
+            let followed = valid_record_after(&mut reader, offset, |id, lsn, most| {
+                self.plausible(id, lsn, most)
+            })
+            .map_err(|e| match e {
+                RecordError::Io(e) => io_context("reading", &segment.path)(e),
+                RecordError::Invalid(d) => io::Error::other(d),
+            })?;
+            if is_last && followed.is_none() {
+                cut_torn_tail(&segment.path, offset, file_len, &detail, options)?;
+                end = offset;
+                break;
+            }
+            let header = reader.read(offset, HEADER_BYTES).ok().map(Header::parse);
+            self.on_bad_spot(&segment, offset, header, detail, followed);
+            match followed {
+                Some((at, _)) => offset = at,
+                None => break,
+            }
+        }
+        drop(reader);
+        self.segments.insert(seq, meta);
+        if !is_last {
+            return Ok(None);
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&segment.path)
+            .map_err(io_context("opening for writing", &segment.path))?;
+        Ok(Some(Active {
+            seq,
+            file: Arc::new(file),
+            segment,
+            written: end,
+        }))
+    }
+
+    /// A valid record: continues its log, or shows that the log lost or repeated records.
+    fn on_record(
+        &mut self,
+        segment: &Arc<SegmentFile>,
+        offset: u64,
+        log_id: LogId,
+        header: Header,
+        meta: &mut SegmentMeta,
+    ) {
+        let lsn = header.lsn;
+        let max = meta.logs.entry(log_id).or_insert(0);
+        *max = (*max).max(lsn);
+        let expected = self.expected(log_id);
+        if self.refused.contains_key(&log_id) {
+            self.next.insert(log_id, expected.max(lsn + 1));
+            return;
+        }
+        if lsn <= self.trims.get(&log_id).copied().unwrap_or(0) {
+            return;
+        }
+        if lsn == expected {
+            let loc = Loc {
+                offset: offset as u32,
+                len: header.len,
+            };
+            let runs = self.runs.entry(log_id).or_default();
+            match runs.back_mut() {
+                Some(run) if Arc::ptr_eq(&run.segment, segment) => run.locs.push(loc),
+                _ => runs.push_back(Run {
+                    segment: segment.clone(),
+                    first_lsn: lsn,
+                    locs: vec![loc],
+                }),
+            }
+            self.next.insert(log_id, lsn + 1);
+            self.last_at.insert(log_id, (segment.seq, offset));
+            return;
+        }
+        self.next.insert(log_id, expected.max(lsn + 1));
+        let path = segment.path.display().to_string();
+        let refusal = if lsn < expected {
+            Refusal::Corrupt {
+                path,
+                offset: Some(offset),
+                detail: format!(
+                    "record at offset {offset} (LSN {lsn}): the log already holds LSN {lsn}; a \
+                     record is there twice"
+                ),
+            }
+        } else {
+            self.gap_refusal(log_id, segment, offset, expected, lsn)
+        };
+        self.refused.insert(log_id, refusal);
+    }
+
+    /// Why `log_id` misses `expected ..= found - 1`: damage seen since its last record, if any,
+    /// else missing records, naming the segment files that are gone.
+    fn gap_refusal(
+        &mut self,
+        log_id: LogId,
+        segment: &SegmentFile,
+        offset: u64,
+        expected: u64,
+        found: u64,
+    ) -> Refusal {
+        let since = self.last_at.get(&log_id).copied().unwrap_or((0, 0));
+        let lost = format!("LSN {expected}..={} of this log", found - 1);
+        if let Some(spot) = self.bad_spots.iter_mut().find(|s| s.at > since) {
+            spot.attributed = true;
+            return Refusal::Corrupt {
+                path: spot.path.clone(),
+                offset: Some(spot.at.1),
+                detail: format!(
+                    "{}; {lost} were lost with it (the log resumes at LSN {found} in {} at offset \
+                     {offset})",
+                    spot.detail,
+                    segment.path.display()
+                ),
+            };
+        }
+        let gone: Vec<String> = (since.0 + 1..segment.seq)
+            .filter(|seq| !self.present.contains(seq))
+            .take(5)
+            .map(segment_file_name)
+            .collect();
+        let gone = if gone.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (segment files that would lie between are gone: {})",
+                gone.join(", ")
+            )
+        };
+        Refusal::Corrupt {
+            path: segment.path.display().to_string(),
+            offset: None,
+            detail: format!(
+                "records are missing: the log resumes at LSN {found} at offset {offset}, but \
+                 {lost} are in no segment{gone}"
+            ),
+        }
+    }
+
+    /// Damage that is not a torn tail: refuses the log its header still names, if plausible, and
+    /// remembers the spot for logs whose records then show a gap.
+    fn on_bad_spot(
+        &mut self,
+        segment: &SegmentFile,
+        offset: u64,
+        header: Option<Header>,
+        detail: String,
+        followed: Option<(u64, Header)>,
+    ) {
+        self.damaged.insert(segment.seq);
+        let after = match followed {
+            Some((at, h)) => format!(
+                "; a valid record of log {}, LSN {} follows at offset {at}, so this is not an \
+                 incomplete final write and cutting here would drop acknowledged records",
+                h.log_id, h.lsn
+            ),
+            None => "; it is not in the last segment, so it is no incomplete final write (a \
+                     segment is synced before the next one starts)"
+                .to_string(),
+        };
+        let shared = " (the segment holds records of other logs too: cutting it also drops \
+                      theirs from that offset on)";
+        let owner = header.and_then(|h| {
+            let log_id = LogId(u16::try_from(h.log_id).ok()?);
+            let plausible = !self.refused.contains_key(&log_id)
+                && (self.trims.contains_key(&log_id)
+                    || self.next.contains_key(&log_id)
+                    || h.lsn == 1)
+                && h.lsn == self.expected(log_id);
+            plausible.then_some((log_id, h.lsn))
+        });
+        let path = segment.path.display().to_string();
+        if let Some((log_id, lsn)) = owner {
+            self.next.insert(log_id, lsn + 1);
+            self.refused.insert(
+                log_id,
+                Refusal::Corrupt {
+                    path: path.clone(),
+                    offset: Some(offset),
+                    detail: format!(
+                        "record at offset {offset} (LSN {lsn}): {detail}{after}{shared}"
+                    ),
+                },
+            );
+        }
+        self.bad_spots.push(BadSpot {
+            at: (segment.seq, offset),
+            path,
+            detail: format!("damaged record at offset {offset}: {detail}{after}{shared}"),
+            attributed: owner.is_some(),
+        });
+    }
+
+    /// Damage no log could be blamed for (or a misnamed segment): refuses every log.
+    fn unattributed(&self) -> Option<Refusal> {
+        if let Some(misnamed) = &self.misnamed {
+            return Some(misnamed.clone());
+        }
+        let spot = self.bad_spots.iter().find(|s| !s.attributed)?;
+        Some(Refusal::Corrupt {
+            path: spot.path.clone(),
+            offset: Some(spot.at.1),
+            detail: format!(
+                "{}; no log can be told from it, so every log is refused",
+                spot.detail
+            ),
+        })
+    }
+
+    /// Deletes segments before `last` whose records are all at or below their logs' trim points:
+    /// left by a crash between a trim and its deletions.
+    fn delete_trimmed_segments(&mut self, last: Option<u64>) -> io::Result<()> {
+        let dead: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(seq, meta)| {
+                Some(**seq) != last
+                    && !self.damaged.contains(seq)
+                    && meta
+                        .logs
+                        .iter()
+                        .all(|(id, max)| *max <= self.trims.get(id).copied().unwrap_or(0))
+            })
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in dead {
+            if let Some(meta) = self.segments.remove(&seq) {
+                fs::remove_file(&meta.file.path)
+                    .map_err(io_context("deleting", &meta.file.path))?;
+                tracing::info!(path = %meta.file.path.display(), "deleted a trimmed log segment");
+            }
+        }
+        Ok(())
+    }
+
+    /// Every log that has a trim point or records (refused ones too, so that their trim points
+    /// keep their segments).
+    fn logs(&mut self) -> HashMap<LogId, LogRecovered> {
+        let ids: HashSet<LogId> = self.trims.keys().chain(self.next.keys()).copied().collect();
+        ids.into_iter()
+            .map(|id| {
+                let trim_point = self.trims.get(&id).copied().unwrap_or(0);
+                let tail = trim_point.max(self.next.get(&id).map_or(0, |n| n - 1));
+                let runs = self.runs.remove(&id).unwrap_or_default();
+                let runs = if self.refused.contains_key(&id) {
+                    VecDeque::new()
+                } else {
+                    runs
+                };
+                (
+                    id,
+                    LogRecovered {
+                        trim_point,
+                        tail,
+                        runs,
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Cuts an incomplete final write off the last segment.
+fn cut_torn_tail(
+    path: &Path,
+    offset: u64,
+    file_len: u64,
+    detail: &str,
+    options: &LocalLogOptions,
+) -> io::Result<()> {
+    tracing::warn!(
+        path = %path.display(), offset, dropped_bytes = file_len - offset, %detail,
+        "cutting the torn tail of the log: an incomplete final write, never acknowledged"
+    );
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_context("opening for writing", path))?;
+    file.set_len(offset)
+        .map_err(io_context("truncating the torn tail of", path))?;
+    if options.fsync {
+        file.sync_data()
+            .map_err(io_context("truncating the torn tail of", path))?;
+    }
+    Ok(())
+}
