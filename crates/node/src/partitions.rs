@@ -640,16 +640,18 @@ fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
              dropped, and the partition stays down while the node's other partitions serve. Keep \
              a copy of {path}; to give up the records from that offset on, cut the file there \
              (`truncate -s {offset} {path}`) and restart the node (if the store had applied \
-             records past the cut, it then asks for `cairnctl partitions restore -p {id}`)"
+             records past the cut, it then asks for `cairnctl partitions restore -p {id}`). The \
+             file is shared by every partition's log: cutting it also gives up the other \
+             partitions' records after that offset in it, and those partitions then ask for a \
+             restore too"
         ),
         // A missing or misnamed segment, or a bad trim point: no offset to cut at.
         cairn_log::Error::Corrupt { path, .. } => format!(
             "its log cannot be opened: {err}. Nothing was deleted, and the partition stays down \
-             while the node's other partitions serve. Put the log's missing or damaged file \
-             back from a backup and restart the node; to give up the records from {path} on \
-             instead, move it and the log's later segments out of its directory and restart the \
-             node (if the store had applied them, it then asks for `cairnctl partitions restore \
-             -p {id}`)"
+             while the node's other partitions serve. Put the missing or damaged file ({path}) \
+             back from a backup and restart the node; the segment files are shared by every \
+             partition's log, so moving them away would take records from the other partitions \
+             too"
         ),
         _ => format!(
             "its log cannot be opened: {err}; fix the cause and restart the node (the other \
