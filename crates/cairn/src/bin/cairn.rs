@@ -1,6 +1,11 @@
 //! `cairn`, the server. With no flags and no config file it runs a complete single-node store
 //! under `./cairn-data`. Its subcommands are offline tools that work on a stopped node's data.
 
+/// jemalloc, for Rust and (unprefixed) for RocksDB's C++: many small allocations per request on
+/// every thread, where it is faster than the system allocator and fragments less.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use anyhow::Context;
 use clap::Parser;
 use std::net::SocketAddr;

@@ -9,6 +9,11 @@
 //! Run: `cargo build --release --workspace && $CARGO_TARGET_DIR/release/cairn-bench
 //! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100]`
 
+/// jemalloc, for Rust and (unprefixed) for RocksDB's C++: many small allocations per request on
+/// every thread, where it is faster than the system allocator and fragments less.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod cairn;
 mod drive;
 mod redis;
