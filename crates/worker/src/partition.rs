@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
@@ -109,7 +108,8 @@ pub struct Partition {
     next_request_id: AtomicU64,
     exports: mpsc::Sender<ExportRequest>,
     cancel: CancellationToken,
-    task: Mutex<Option<JoinHandle<()>>>,
+    /// Fires (or is dropped) when the processor's thread is done.
+    task: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 /// How long [`Partition::become_leader`] waits for the applied LSN to move before it gives up.
@@ -154,7 +154,22 @@ impl Partition {
             leader,
             applied,
         };
-        let task = tokio::spawn(processor.run(cancel.clone()));
+        // A thread of its own (see the processor's module docs), driving the processor with the
+        // runtime this is called in.
+        let runtime = tokio::runtime::Handle::current();
+        let (done, task) = oneshot::channel();
+        let stop = cancel.clone();
+        std::thread::Builder::new()
+            .name(format!("cairn-apply-{id}"))
+            .spawn(move || {
+                runtime.block_on(processor.run(stop));
+                let _ = done.send(());
+            })
+            .map_err(|err| Error::Storage {
+                partition: id,
+                context: "start the processor's thread",
+                source: err.into(),
+            })?;
         Ok(Arc::new(Partition {
             shared,
             store,

@@ -7,11 +7,17 @@
 //!
 //! # Runs of records
 //! The processor applies what one read of the log returns (up to [`READ_BATCH_RECORDS_MAX`]
-//! records) as one run: one RocksDB write batch and one commit, on a blocking thread. The keys
+//! records) as one run: one RocksDB write batch and one commit. The keys
 //! every insert-if-absent of the run asks about are looked up in one batched read first; a write
 //! earlier in the same run is seen through an overlay of the batch, so each record's answer is
 //! what it would be had the records been applied one by one. Callers are answered only once the
 //! run is committed.
+//!
+//! # A thread of its own
+//! The processor runs on an OS thread of its own, which drives its future with
+//! `Handle::block_on`: RocksDB calls (the commits, the lookups, exports) may block there without
+//! holding up any async task, and no run pays a hop to a blocking pool and back. The log wakes
+//! the thread directly when records arrive.
 //!
 //! # Crash consistency
 //! A run's effects and the new applied LSN go into one write batch. After a crash the store
@@ -104,8 +110,8 @@ impl Processor {
 
     /// Applies the log until it fails or `cancel` fires. Cancellation is looked at only where the
     /// loop waits (for the log, for room, for a test's pause), never while a run is being
-    /// applied: the run goes on on its blocking thread whatever happens to this task, and whoever
-    /// cancels (a restore about to replace the store) waits for the task and must find it done.
+    /// applied (a run is applied synchronously, in one poll), so whoever cancels (a restore about
+    /// to replace the store) and then waits for the processor finds it done.
     async fn apply_loop(&mut self, cancel: &CancellationToken) -> Result<()> {
         let partition = self.shared.id;
         let mut read_len = READ_BATCH_RECORDS_MAX;
@@ -174,7 +180,7 @@ impl Processor {
         Ok(())
     }
 
-    /// Applies a run of records in one write batch, on a blocking thread; while the store's disk
+    /// Applies a run of records in one write batch; while the store's disk
     /// is full, retries until RocksDB resumes writing (it does so by itself once there is room)
     /// instead of stopping the partition. The partition says meanwhile that its store is full, so
     /// that new writes are refused at once and reads go on; exports asked for meanwhile are
@@ -187,7 +193,6 @@ impl Processor {
         cancel: &CancellationToken,
     ) -> Result<bool> {
         let partition = self.shared.id;
-        let entries = Arc::new(entries);
         let mut full_since = None;
         loop {
             let run = Run {
@@ -196,15 +201,9 @@ impl Processor {
                 leader: self.leader.clone(),
                 applied: self.applied,
             };
-            let records = entries.clone();
-            let outcome = tokio::task::spawn_blocking(move || run.apply(&records))
-                .await
-                .map_err(|err| Error::Storage {
-                    partition,
-                    context: "apply records",
-                    source: err.into(),
-                })?;
-            match outcome {
+            // On the processor's own thread (see `Partition::start`): blocking here holds up
+            // no other task.
+            match run.apply(&entries) {
                 Err(Error::StoreDiskFull { source, .. }) => {
                     if full_since.is_none() {
                         warn!(%partition, from = %self.applied.next(), "the partition store's disk \
@@ -239,18 +238,12 @@ impl Processor {
     }
 
     async fn export(&mut self, request: ExportRequest) {
-        let store = self.store.clone();
         let partition = self.shared.id;
-        let exported = tokio::task::spawn_blocking(move || store.export(&request.target_dir))
-            .await
-            .map_err(|err| Error::Storage {
-                partition,
-                context: "export column family",
-                source: err.into(),
-            })
-            .and_then(|result| {
-                result.map_err(|err| store_error(partition, "export column family", err))
-            });
+        // On the processor's own thread, like the runs.
+        let exported = self
+            .store
+            .export(&request.target_dir)
+            .map_err(|err| store_error(partition, "export column family", err));
         // The requester may have given up; the export folder is then cleaned up at next start.
         let _ = request.reply.send(exported);
     }
