@@ -877,7 +877,9 @@ async fn build(
     drop(partition);
     drop(log);
     progress("flushing the written store and letting its compactions settle");
-    let log_dir = log_dir.join(LogId::from(PARTITION).0.to_string());
+    // The node's logs share one write-ahead log; the benchmark's node has one partition, so all
+    // of it is that partition's log.
+    let log_dir = log_dir.join("wal");
     let (sst_bytes, log_bytes, log_segments) = blocking(move || {
         drop(logs);
         store.flush()?;
@@ -1351,13 +1353,13 @@ fn segments(n: usize) -> String {
     }
 }
 
-/// Bytes and number of the segment files of the log in `dir`.
+/// Bytes and number of the segment files of the shared write-ahead log in `dir`.
 fn log_on_disk(dir: &Path) -> anyhow::Result<(u64, usize)> {
     let mut bytes = 0;
     let mut segments = 0;
     for entry in std::fs::read_dir(dir).with_context(|| format!("list {}", dir.display()))? {
         let entry = entry?;
-        if entry.path().extension().is_some_and(|e| e == "seg") {
+        if entry.path().extension().is_some_and(|e| e == "wal") {
             bytes += entry.metadata()?.len();
             segments += 1;
         }
