@@ -1130,3 +1130,50 @@ async fn recent_records_are_read_from_memory_and_older_ones_from_the_segments() 
         "LSN 5 is not in memory, so it is read from the (now empty) segment"
     );
 }
+
+/// A slow disk with many appenders: the writer stops taking requests while many commits wait for
+/// syncs, and a syncer that finished must never wait for room in the request queue to say so,
+/// or writer and syncers wait for each other forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_appenders_on_a_slow_disk_never_stall_the_writer() {
+    let dir = TempDir::new().expect("temporary directory");
+    let options = LocalLogOptions {
+        syncs_in_flight_max: 1,
+        queue_depth_max: 1,
+        ..Default::default()
+    };
+    let provider = provider(dir.path(), options);
+    let mut logs = Vec::new();
+    for id in 1..=4 {
+        logs.push(provider.open_local(LogId(id)).await.expect("open"));
+    }
+    logs[0].faults().sync_delay_ms.store(20, Ordering::SeqCst);
+    let appenders: Vec<_> = (0..300u64)
+        .map(|i| {
+            let log = logs[(i % 4) as usize].clone();
+            tokio::spawn(async move { log.append(vec![Bytes::from(format!("{i}"))]).await })
+        })
+        .collect();
+    let all = async {
+        let mut results = Vec::new();
+        for appender in appenders {
+            results.push(appender.await);
+        }
+        results
+    };
+    let Ok(results) = tokio::time::timeout(std::time::Duration::from_secs(30), all).await else {
+        // Dropping a stalled provider would wait for its writer forever.
+        std::mem::forget(provider);
+        std::mem::forget(logs);
+        panic!("appends stalled: the writer and its syncers wait for each other");
+    };
+    for result in results {
+        result.expect("task").expect("append");
+    }
+    logs[0].faults().sync_delay_ms.store(0, Ordering::SeqCst);
+    let mut total = 0;
+    for log in &logs {
+        total += log.state().await.expect("state").tail.0;
+    }
+    assert_eq!(total, 300);
+}
