@@ -206,3 +206,35 @@ async fn a_trim_followed_by_sigkill_loses_nothing_the_store_had_not_flushed() {
     assert_eq!(columns[8], "active", "{columns:?}");
     support::assert_keys_there(&server.address, &keys).await;
 }
+
+/// Records that change nothing (insert-if-absent of keys already there) still move the applied
+/// LSN the store keeps: a trim up to what the partition applied, then a restart, finds the store
+/// at that LSN rather than behind the trim point with a gap no snapshot fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_past_records_that_changed_nothing_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let keys = support::keys_of_partition("present", 0, 20);
+    support::put_keys(&server.address, &keys, 20).await;
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    for key in &keys {
+        let inserted = client
+            .insert_if_absent(vec![Bytes::from(key.clone())], Bytes::from("again"), None)
+            .await
+            .unwrap();
+        assert_eq!(inserted, vec![false], "{key} is there already");
+    }
+    let applied: u64 = support::partition_columns(&server.address, 0)[4]
+        .parse()
+        .unwrap();
+    // No snapshot covers the records, hence `force`.
+    client.trim_log(0, applied, true).await.unwrap();
+    server.stop();
+
+    let server = Server::start(dir.path());
+    let columns = support::partition_columns(&server.address, 0);
+    assert_eq!(columns[8], "active", "{columns:?}");
+    support::assert_keys_there(&server.address, &keys).await;
+}
