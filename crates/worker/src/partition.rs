@@ -155,17 +155,21 @@ impl Partition {
             applied,
         };
         // A thread of its own (see the processor's module docs), driving the processor with the
-        // runtime this is called in. Taken from the runtime's blocking pool, so that the runtime,
-        // when dropped, waits for the processor (cancelled once its `Partition` is dropped) to
-        // finish: a thread of its own outliving the runtime would still close the store while
-        // the process exits, and RocksDB aborts when its statics go first.
+        // runtime this is called in.
         let runtime = tokio::runtime::Handle::current();
         let (done, task) = oneshot::channel();
         let stop = cancel.clone();
-        runtime.clone().spawn_blocking(move || {
-            runtime.block_on(processor.run(stop));
-            let _ = done.send(());
-        });
+        std::thread::Builder::new()
+            .name(format!("cairn-apply-{id}"))
+            .spawn(move || {
+                runtime.block_on(processor.run(stop));
+                let _ = done.send(());
+            })
+            .map_err(|err| Error::Storage {
+                partition: id,
+                context: "start the processor's thread",
+                source: err.into(),
+            })?;
         Ok(Arc::new(Partition {
             shared,
             store,

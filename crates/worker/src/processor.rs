@@ -17,9 +17,7 @@
 //! The processor runs on an OS thread of its own, which drives its future with
 //! `Handle::block_on`: RocksDB calls (the commits, the lookups, exports) may block there without
 //! holding up any async task, and no run pays a hop to a blocking pool and back. The log wakes
-//! the thread directly when records arrive. The thread is taken from the runtime's blocking pool
-//! for the processor's whole life, so that a runtime being dropped waits for the processor to
-//! finish (and close its store) rather than the process exiting under it.
+//! the thread directly when records arrive.
 //!
 //! # Crash consistency
 //! A run's effects and the new applied LSN go into one write batch. After a crash the store
