@@ -1177,3 +1177,44 @@ async fn many_appenders_on_a_slow_disk_never_stall_the_writer() {
     }
     assert_eq!(total, 300);
 }
+
+/// A crash right after a rollover leaves an empty newest segment; other files an operator left in
+/// the segment directory are ignored, unless their name claims to be a segment's.
+#[tokio::test]
+async fn an_empty_newest_segment_and_stray_files_are_handled() {
+    let dir = TempDir::new().expect("temporary directory");
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        append_records(&log, 1, 6).await;
+    }
+    let segments = segment_names(dir.path());
+    assert_eq!(segments, names(&[1, 2]));
+    File::create(segment_path(dir.path(), 3)).expect("create an empty segment");
+    fs::write(wal_dir(dir.path()).join("notes.txt"), b"not a segment").expect("stray file");
+    fs::copy(
+        segment_path(dir.path(), 1),
+        wal_dir(dir.path()).join(format!("{}.bak", segment_file_name(1))),
+    )
+    .expect("stray copy");
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        assert_eq!(log.state().await.expect("state"), state_of(0, 6));
+        assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 6));
+        append_records(&log, 7, 7).await;
+    }
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 7));
+    }
+    // A file named like a segment but not numbered as one: no log is opened, and the error says
+    // which file and what to do with it.
+    let stray = wal_dir(dir.path()).join("copy.wal");
+    fs::write(&stray, b"").expect("stray segment");
+    let provider = provider(dir.path(), tiny_segments());
+    let (path, _, detail) = expect_corrupt(provider.open_local(LogId(1)).await);
+    assert_eq!(path, stray.display().to_string());
+    assert!(detail.contains("move it out"), "{detail}");
+}
