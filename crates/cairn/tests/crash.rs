@@ -415,3 +415,70 @@ async fn concurrent_trims_to_the_applied_lsn_under_load_then_sigkill_lose_nothin
     }
     assert_all_acknowledged(&server.address, &all).await;
 }
+
+/// Clients that give up on their requests (a timeout shorter than a commit) while the processors
+/// apply them: the node goes on serving, and a key admitted by an abandoned insert-if-absent is
+/// never admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_giving_up_mid_request_leave_the_node_serving_and_dedup_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let impatient = ClientOptions {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_micros(300),
+    };
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let address = server.address.clone();
+            let options = impatient.clone();
+            tokio::spawn(async move {
+                let client = Client::connect(&address, &options).await.unwrap();
+                let mut told_won = Vec::new();
+                for i in 0..200usize {
+                    let keys: Vec<Bytes> = (0..10).map(|j| contested(i * 10 + j)).collect();
+                    if let Ok(inserted) = client
+                        .insert_if_absent(keys.clone(), Bytes::from(format!("t{t}")), None)
+                        .await
+                    {
+                        told_won.extend(keys.into_iter().zip(inserted).filter(|(_, w)| *w));
+                    }
+                }
+                told_won
+            })
+        })
+        .collect();
+    let mut winners: HashMap<Bytes, usize> = HashMap::new();
+    for task in tasks {
+        for (key, _) in task.await.unwrap() {
+            *winners.entry(key).or_default() += 1;
+        }
+    }
+    assert!(winners.values().all(|n| *n == 1), "a key admitted twice");
+    for id in 0..16 {
+        let columns = support::partition_columns(&server.address, id);
+        assert_eq!(columns[8], "active", "{columns:?}");
+    }
+    // Every abandoned insert either took effect or not; none is admitted again now.
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let keys: Vec<Bytes> = (0..2000).map(contested).collect();
+    let stored = client.get(keys.clone()).await.unwrap();
+    let again = client
+        .insert_if_absent(keys.clone(), Bytes::from("late"), None)
+        .await
+        .unwrap();
+    let abandoned_but_applied = stored.iter().flatten().count() - winners.len();
+    assert!(
+        abandoned_but_applied > 0,
+        "no abandoned insert reached the processor ({} answered)",
+        winners.len()
+    );
+    for ((key, stored), won) in keys.iter().zip(stored).zip(again) {
+        assert_eq!(won, stored.is_none(), "{key:?}");
+        if winners.contains_key(key) {
+            assert!(stored.is_some(), "{key:?} was admitted but is not stored");
+        }
+    }
+    server.stop();
+}
