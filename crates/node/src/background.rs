@@ -178,9 +178,9 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
             () = cancel.cancelled() => return,
         }
         for slot in state.partitions.slots() {
-            let Ok(partition) = slot.running() else {
+            if slot.running().is_err() {
                 continue;
-            };
+            }
             state.refresh_archived_lsn(slot.id()).await;
             let Some(archived) = state.archived_for(slot.id(), delay) else {
                 continue;
@@ -191,8 +191,8 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
             if archived <= log.trim_point {
                 continue;
             }
-            match partition.trim_log(archived).await {
-                Ok(()) => {
+            match slot.trim_log(archived).await {
+                Ok(_) => {
                     info!(partition = %slot.id(), trim_point = %archived, "trimmed the log to the archived LSN")
                 }
                 Err(err) => {

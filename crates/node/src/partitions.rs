@@ -146,6 +146,24 @@ impl Slot {
         }
     }
 
+    /// Trims the running partition's log up to `up_to` (see [`Partition::trim_log`]) and returns
+    /// that partition; never while a restore or a start-up is under way. A trim checks the store's
+    /// applied LSN and then trims: had a restore replaced the store in between (it checks the
+    /// log's trim point before it imports), the trim would cut records that the restored store
+    /// still needs, with the old store that held them gone.
+    pub async fn trim_log(&self, up_to: Lsn) -> Result<Arc<Partition>> {
+        let Ok(_no_restore) = self.restoring.try_lock() else {
+            return Err(Error::Stopped {
+                partition: self.id,
+                reason: "it is being restored from a snapshot or started; retry once that is done"
+                    .into(),
+            });
+        };
+        let partition = self.running()?;
+        partition.trim_log(up_to).await?;
+        Ok(partition)
+    }
+
     pub async fn status(&self, stores: &Arc<PartitionStoreManager>) -> PartitionStatus {
         match self.state() {
             SlotState::Running(partition) => partition.status().await,

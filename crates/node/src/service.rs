@@ -475,7 +475,8 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::TrimLogResponse>, Status> {
         let request = request.into_inner();
         let slot = self.log_slot(request.log_id)?;
-        let partition = slot.running().map_err(status_of)?;
+        // Fails at once when the partition is not running, before any check of snapshots.
+        slot.running().map_err(status_of)?;
         let requested = Lsn(request.trim_point);
         if !request.force {
             self.state.refresh_archived_lsn(slot.id()).await;
@@ -517,7 +518,9 @@ impl v1::admin_server::Admin for AdminService {
                 )));
             }
         }
-        partition.trim_log(requested).await.map_err(status_of)?;
+        // Through the slot: a restore that replaced the partition meanwhile must not meet a trim
+        // checked against the store it replaced.
+        let partition = slot.trim_log(requested).await.map_err(status_of)?;
         let state = partition
             .log()
             .state()
@@ -756,16 +759,17 @@ async fn publish_snapshot(
         .await
         .map_err(status_of)?;
     let log_trim_point = if request.trim_log {
-        // The partition as it runs now: an online restore may have replaced it meanwhile.
+        // The partition as it runs now (an online restore may have replaced it meanwhile), and
+        // no restore while the trim runs.
         let partition = state
             .partitions
             .slot(created.partition_id)
             .ok_or_else(|| {
                 Status::internal(format!("partition {} vanished", created.partition_id))
             })?
-            .running()
+            .trim_log(created.lsn)
+            .await
             .map_err(status_of)?;
-        partition.trim_log(created.lsn).await.map_err(status_of)?;
         let log = partition
             .log()
             .state()

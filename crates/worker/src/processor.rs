@@ -284,6 +284,7 @@ impl Run {
     /// before it. Fails with [`Error::StoreDiskFull`] having applied nothing.
     fn apply(mut self, entries: &[Entry]) -> Result<Applied> {
         let partition = self.shared.id;
+        let applied_before = self.applied;
         let mut batch = self.store.write_batch();
         let mut overlay = Overlay::new();
         let stored = self.read_insert_if_absent_keys(entries)?;
@@ -305,7 +306,10 @@ impl Run {
                 }
             }
         }
-        if !batch.is_empty() {
+        // Also when the records changed nothing (insert-if-absent of keys already there, fenced
+        // records): the applied LSN must move in the store too, or a trim up to what the
+        // partition applied would leave the store behind the log's trim point after a restart.
+        if self.applied > applied_before {
             batch.set_applied_lsn(self.applied);
             self.store.commit(batch).map_err(|err| {
                 if err.is_disk_full() {

@@ -17,6 +17,9 @@ struct Fixture {
     _dir: tempfile::TempDir,
     log: Arc<dyn Loglet>,
     _logs: LocalLogProvider,
+    /// Every partition started, so that [`Fixture::stop`] can wait for their processors: a
+    /// processor thread still holding RocksDB while the test process exits makes RocksDB abort.
+    started: std::sync::Mutex<Vec<std::sync::Weak<Partition>>>,
 }
 
 impl Fixture {
@@ -29,6 +32,16 @@ impl Fixture {
             _dir: dir,
             log,
             _logs: logs,
+            started: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Stops every partition started and waits for their processors.
+    async fn stop(&self) {
+        let started = std::mem::take(&mut *self.started.lock().unwrap());
+        // Weak, so that a partition the test is done with does not keep its store open.
+        for partition in started.iter().filter_map(std::sync::Weak::upgrade) {
+            partition.shutdown().await;
         }
     }
 
@@ -42,14 +55,19 @@ impl Fixture {
         node: &str,
         clock: Arc<dyn Clock>,
     ) -> Arc<Partition> {
-        Partition::start(
+        let partition = Partition::start(
             KeyRange::of_partition(PID, 1),
             NodeId(node.into()),
             stores.open_or_create_partition(PID).unwrap(),
             self.log.clone(),
             clock,
         )
-        .unwrap()
+        .unwrap();
+        self.started
+            .lock()
+            .unwrap()
+            .push(Arc::downgrade(&partition));
+        partition
     }
 
     /// Appends a record as some other node would, bypassing any partition handle.
@@ -167,6 +185,7 @@ async fn an_old_leader_is_fenced_by_a_newer_announcement() {
     // Every replica skips the same records: a replay from scratch ends in the same state.
     let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
     assert_eq!(stored(&replica_stores, "k"), stored(&stores, "k"));
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -189,6 +208,7 @@ async fn a_restarted_node_serves_only_after_announcing_again() {
     ));
     n1b.become_leader(Epoch(2)).await.unwrap();
     assert_eq!(n1b.get(&[key("k")]).await.unwrap(), vec![None]);
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -240,6 +260,7 @@ async fn ttl_expiry_comes_from_the_record_and_replays_identically() {
     for k in ["session", "dedup"] {
         assert_eq!(stored(&replica_stores, k), stored(&stores, k), "key {k}");
     }
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -253,6 +274,7 @@ async fn duplicate_keys_in_one_insert_are_admitted_once() {
         .await
         .unwrap();
     assert_eq!(inserted, vec![true, true, false]);
+    f.stop().await;
 }
 
 /// Records that reach the processor together are applied as one write batch; each one still
@@ -300,6 +322,7 @@ async fn records_applied_together_see_each_others_writes() {
         n1.get(&[key("a"), key("b"), key("c")]).await.unwrap(),
         vec![Some(key("put")), Some(key("first")), Some(key("second"))]
     );
+    f.stop().await;
 }
 
 /// The deduplication primitive under contention: of many concurrent inserts of one key, which
@@ -335,6 +358,7 @@ async fn concurrent_inserts_of_one_key_admit_exactly_one() {
             vec![Some(key(&winners[0].to_string()))]
         );
     }
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -358,6 +382,7 @@ async fn a_restarted_processor_continues_from_its_applied_lsn() {
         n1.shutdown().await;
     }
     reopen_and_check(&f, &dir, clock).await;
+    f.stop().await;
 }
 
 async fn reopen_and_check(f: &Fixture, _dir: &Path, clock: Arc<ManualClock>) {
@@ -412,6 +437,7 @@ async fn a_trim_gap_stops_the_partition_with_the_reason() {
         n1.get(&[key("a")]).await,
         Err(Error::Stopped { .. })
     ));
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -426,6 +452,7 @@ async fn trimming_past_the_applied_lsn_is_refused() {
     assert!(matches!(err, Error::TrimRefused { .. }), "{err}");
     n1.trim_log(applied).await.unwrap();
     assert_eq!(f.log.state().await.unwrap().trim_point, applied);
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -455,6 +482,7 @@ async fn an_export_reports_the_lsn_it_holds_while_writes_go_on() {
             .join(export.files[0].name.trim_start_matches('/'))
             .exists()
     );
+    f.stop().await;
 }
 
 /// A partition of node n1 over a local log (so that tests reach the log's fault switches).
@@ -529,6 +557,7 @@ async fn a_store_ahead_of_its_log_stops_before_anything_is_appended() {
         partition.get(&[key("k0")]).await,
         Err(Error::Stopped { .. })
     ));
+    partition.shutdown().await;
 }
 
 #[tokio::test]
@@ -557,6 +586,7 @@ async fn a_processor_that_finds_its_log_behind_its_store_stops_instead_of_waitin
             .contains("applied the log up to LSN 2, but the log ends at LSN 0"),
         "{err}"
     );
+    partition.shutdown().await;
 }
 
 #[tokio::test]
@@ -600,6 +630,7 @@ async fn a_full_disk_fails_writes_only_and_the_partition_recovers_by_itself() {
             Some(Bytes::from_static(b"3"))
         ]
     );
+    partition.shutdown().await;
 }
 
 type LogFuture<'a, T> =
@@ -702,4 +733,5 @@ async fn taking_the_leadership_gives_up_when_the_processor_stops_moving() {
         message.contains("cairnctl partitions restore -p 0"),
         "{message}"
     );
+    partition.shutdown().await;
 }

@@ -502,6 +502,9 @@ pub struct Faults {
     pub disk_full: std::sync::atomic::AtomicBool,
     /// `fdatasync` of a segment fails with an I/O error.
     pub sync_fails: std::sync::atomic::AtomicBool,
+    /// Every `fdatasync` on a syncer thread first sleeps this many milliseconds, as on a slow or
+    /// busy disk.
+    pub sync_delay_ms: AtomicU64,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -514,6 +517,10 @@ impl Faults {
     }
 
     fn check_sync(&self) -> io::Result<()> {
+        let delay = self.sync_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            thread::sleep(std::time::Duration::from_millis(delay));
+        }
         if self.sync_fails.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected fdatasync failure"));
         }

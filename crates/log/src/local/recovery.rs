@@ -164,8 +164,10 @@ impl Scan {
                     self.misnamed.get_or_insert(Refusal::Corrupt {
                         path: entry.path().display().to_string(),
                         offset: None,
-                        detail: "not a valid segment file name; every log may have records in \
-                                 it, so none is opened"
+                        detail: "named like a segment, but not numbered as one (20 digits, then \
+                                 .wal), so every log may have records in it and none is opened; \
+                                 move it out of the directory if it is not a segment, or give it \
+                                 back its segment's name"
                             .into(),
                     });
                 }

@@ -80,8 +80,11 @@ impl Syncers {
                         let result = sync(&shared, &job.file);
                         results.done.lock().push((job.id, result));
                         results.ready.notify_all();
+                        // Never waits for room: a full queue wakes the writer anyway, and while
+                        // it waits for syncs (too many commits unsynced) it takes no requests,
+                        // so a syncer waiting for room would never run the sync it waits for.
                         if let Some(wake) = wake.upgrade() {
-                            let _ = wake.blocking_send(Request::Wake);
+                            let _ = wake.try_send(Request::Wake);
                         }
                     }
                 })?;

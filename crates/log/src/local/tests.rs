@@ -1130,3 +1130,91 @@ async fn recent_records_are_read_from_memory_and_older_ones_from_the_segments() 
         "LSN 5 is not in memory, so it is read from the (now empty) segment"
     );
 }
+
+/// A slow disk with many appenders: the writer stops taking requests while many commits wait for
+/// syncs, and a syncer that finished must never wait for room in the request queue to say so,
+/// or writer and syncers wait for each other forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_appenders_on_a_slow_disk_never_stall_the_writer() {
+    let dir = TempDir::new().expect("temporary directory");
+    let options = LocalLogOptions {
+        syncs_in_flight_max: 1,
+        queue_depth_max: 1,
+        ..Default::default()
+    };
+    let provider = provider(dir.path(), options);
+    let mut logs = Vec::new();
+    for id in 1..=4 {
+        logs.push(provider.open_local(LogId(id)).await.expect("open"));
+    }
+    logs[0].faults().sync_delay_ms.store(20, Ordering::SeqCst);
+    let appenders: Vec<_> = (0..300u64)
+        .map(|i| {
+            let log = logs[(i % 4) as usize].clone();
+            tokio::spawn(async move { log.append(vec![Bytes::from(format!("{i}"))]).await })
+        })
+        .collect();
+    let all = async {
+        let mut results = Vec::new();
+        for appender in appenders {
+            results.push(appender.await);
+        }
+        results
+    };
+    let Ok(results) = tokio::time::timeout(std::time::Duration::from_secs(30), all).await else {
+        // Dropping a stalled provider would wait for its writer forever.
+        std::mem::forget(provider);
+        std::mem::forget(logs);
+        panic!("appends stalled: the writer and its syncers wait for each other");
+    };
+    for result in results {
+        result.expect("task").expect("append");
+    }
+    logs[0].faults().sync_delay_ms.store(0, Ordering::SeqCst);
+    let mut total = 0;
+    for log in &logs {
+        total += log.state().await.expect("state").tail.0;
+    }
+    assert_eq!(total, 300);
+}
+
+/// A crash right after a rollover leaves an empty newest segment; other files an operator left in
+/// the segment directory are ignored, unless their name claims to be a segment's.
+#[tokio::test]
+async fn an_empty_newest_segment_and_stray_files_are_handled() {
+    let dir = TempDir::new().expect("temporary directory");
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        append_records(&log, 1, 6).await;
+    }
+    let segments = segment_names(dir.path());
+    assert_eq!(segments, names(&[1, 2]));
+    File::create(segment_path(dir.path(), 3)).expect("create an empty segment");
+    fs::write(wal_dir(dir.path()).join("notes.txt"), b"not a segment").expect("stray file");
+    fs::copy(
+        segment_path(dir.path(), 1),
+        wal_dir(dir.path()).join(format!("{}.bak", segment_file_name(1))),
+    )
+    .expect("stray copy");
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        assert_eq!(log.state().await.expect("state"), state_of(0, 6));
+        assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 6));
+        append_records(&log, 7, 7).await;
+    }
+    {
+        let provider = provider(dir.path(), tiny_segments());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 7));
+    }
+    // A file named like a segment but not numbered as one: no log is opened, and the error says
+    // which file and what to do with it.
+    let stray = wal_dir(dir.path()).join("copy.wal");
+    fs::write(&stray, b"").expect("stray segment");
+    let provider = provider(dir.path(), tiny_segments());
+    let (path, _, detail) = expect_corrupt(provider.open_local(LogId(1)).await);
+    assert_eq!(path, stray.display().to_string());
+    assert!(detail.contains("move it out"), "{detail}");
+}
