@@ -196,6 +196,17 @@ async fn a_trim_followed_by_sigkill_loses_nothing_the_store_had_not_flushed() {
     let server = Server::start(dir.path());
     let keys = support::keys_of_partition("trimmed", 0, 400);
     support::put_keys(&server.address, &keys, 20).await;
+    trim_partition_0_to_applied_then_restart(server, dir.path(), &keys, Server::kill).await;
+}
+
+/// Trims partition 0's log up to what it applied, stops the server with `stop` (a SIGKILL or a
+/// clean stop), starts it again and checks that the partition serves `keys`.
+async fn trim_partition_0_to_applied_then_restart(
+    server: Server,
+    dir: &std::path::Path,
+    keys: &[String],
+    stop: fn(Server),
+) {
     let client = Client::connect(&server.address, &ClientOptions::default())
         .await
         .unwrap();
@@ -204,12 +215,12 @@ async fn a_trim_followed_by_sigkill_loses_nothing_the_store_had_not_flushed() {
         .unwrap();
     // No snapshot covers the records, hence `force`.
     client.trim_log(0, applied, true).await.unwrap();
-    server.kill();
+    stop(server);
 
-    let server = Server::start(dir.path());
+    let server = Server::start(dir);
     let columns = support::partition_columns(&server.address, 0);
     assert_eq!(columns[8], "active", "{columns:?}");
-    support::assert_keys_there(&server.address, &keys).await;
+    support::assert_keys_there(&server.address, keys).await;
 }
 
 /// Records that change nothing (insert-if-absent of keys already there) still move the applied
@@ -231,17 +242,8 @@ async fn a_trim_past_records_that_changed_nothing_survives_a_restart() {
             .unwrap();
         assert_eq!(inserted, vec![false], "{key} is there already");
     }
-    let applied: u64 = support::partition_columns(&server.address, 0)[4]
-        .parse()
-        .unwrap();
-    // No snapshot covers the records, hence `force`.
-    client.trim_log(0, applied, true).await.unwrap();
-    server.stop();
-
-    let server = Server::start(dir.path());
-    let columns = support::partition_columns(&server.address, 0);
-    assert_eq!(columns[8], "active", "{columns:?}");
-    support::assert_keys_there(&server.address, &keys).await;
+    drop(client);
+    trim_partition_0_to_applied_then_restart(server, dir.path(), &keys, Server::stop).await;
 }
 
 /// SIGKILL while segments roll every megabyte, snapshots follow every few records and the
