@@ -3,8 +3,9 @@
 //! insert-if-absent, get of 1 key and of `--batch` keys) through a Cairn node of its own (gRPC on
 //! loopback, log fsync, RocksDB apply) and, when `redis-server` is installed, through a Redis of
 //! its own that fsyncs every write (`appendfsync always`), with the same clients and shapes; beside
-//! raw RocksDB doing synced batched writes. Prints keys/s and p50/p99 latency per request for each,
-//! and the ratios Cairn/Redis and batched put Cairn/raw RocksDB.
+//! raw RocksDB doing synced batched writes (keys in client order and in hash order). Prints keys/s
+//! and p50/p99 latency per request for each, and the ratios Cairn/Redis and batched put Cairn/raw
+//! RocksDB.
 //!
 //! Run: `cargo build --release --workspace && $CARGO_TARGET_DIR/release/cairn-bench
 //! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100]`
@@ -18,6 +19,8 @@ mod cairn;
 mod drive;
 mod redis;
 mod rocksdb;
+
+use rocksdb::KeyOrder;
 
 use bytes::Bytes;
 use cairn_bench::report::progress;
@@ -118,7 +121,7 @@ fn main() -> anyhow::Result<()> {
 /// Runs every workload `--rounds` times, interleaved (raw RocksDB, then each workload on Cairn
 /// and right after on Redis), so that a noisy moment of the machine hits both sides alike.
 /// Returns, per workload, the round of median throughput of each side.
-async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Figures)> {
+async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, [Figures; 2])> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
     progress("Redis: starting a server");
@@ -148,12 +151,17 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Figu
             args.redis_server
         )),
     };
-    Ok((cairn.into_iter().map(median).collect(), redis, median(raw)))
+    let [client_order, hash_order] = raw;
+    Ok((
+        cairn.into_iter().map(median).collect(),
+        redis,
+        [median(client_order), median(hash_order)],
+    ))
 }
 
 /// Per workload, every round's figures of Cairn and of Redis (none without Redis); and raw
-/// RocksDB's rounds.
-type Rounds = (Vec<Vec<Figures>>, Vec<Vec<Figures>>, Vec<Figures>);
+/// RocksDB's rounds, in client order and in hash order.
+type Rounds = (Vec<Vec<Figures>>, Vec<Vec<Figures>>, [Vec<Figures>; 2]);
 
 async fn interleave(
     args: &Args,
@@ -173,14 +181,25 @@ async fn interleave(
         None => None,
     };
 
-    let mut raw = Vec::new();
+    let mut raw: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
     let mut cairn: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
     let mut redis: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
         let of = format!("round {round}/{}", args.rounds);
-        progress(&format!("{of}: raw RocksDB, synced batches"));
-        let raw_args = args.clone();
-        raw.push(tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args)).await??);
+        for (order, runs) in [KeyOrder::Client, KeyOrder::Hashed]
+            .into_iter()
+            .zip(&mut raw)
+        {
+            progress(&format!(
+                "{of}: raw RocksDB, synced batches, {}",
+                raw_name(order)
+            ));
+            let raw_args = args.clone();
+            runs.push(
+                tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args, order))
+                    .await??,
+            );
+        }
         for (i, &workload) in args.workloads.iter().enumerate() {
             progress(&format!("{of}: Cairn: {}", workload.name(args.batch)));
             let (ran, back) = drive::drive(args, workload, round, cairn_connections).await?;
@@ -220,7 +239,7 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &Figures) {
+fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &[Figures; 2]) {
     match redis {
         RedisRun::Ran { version, .. } => println!(
             "Redis {version}: its own server on loopback, appendonly yes, appendfsync always; \
@@ -257,16 +276,27 @@ fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &Figures)
             columns(&cairn[i])
         );
     }
-    println!(
-        "{:<34} {}",
-        format!("raw RocksDB, synced batches of {}", args.batch),
-        columns(raw)
-    );
+    for (order, figures) in [KeyOrder::Client, KeyOrder::Hashed].into_iter().zip(raw) {
+        println!(
+            "{:<34} {}",
+            format!("raw RocksDB, batches, {}", raw_name(order)),
+            columns(figures)
+        );
+    }
     if let Some(i) = args.workloads.iter().position(|w| *w == Workload::PutBatch) {
         println!();
         println!(
-            "batched put, Cairn/raw RocksDB: {:.2}",
-            cairn[i].keys_per_second() / raw.keys_per_second()
+            "batched put, Cairn/raw RocksDB: {:.2} (keys in hash order, as Cairn stores them: {:.2})",
+            cairn[i].keys_per_second() / raw[0].keys_per_second(),
+            cairn[i].keys_per_second() / raw[1].keys_per_second()
         );
+    }
+}
+
+/// How the report names a raw RocksDB run.
+fn raw_name(order: KeyOrder) -> &'static str {
+    match order {
+        KeyOrder::Client => "client order",
+        KeyOrder::Hashed => "hash order",
     }
 }

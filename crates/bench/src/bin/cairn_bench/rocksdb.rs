@@ -1,5 +1,8 @@
 //! The baseline: synced batched writes straight into RocksDB from `--clients` threads, the same
-//! shape as the batched put, with nothing in between.
+//! shape as the batched put, with nothing in between. Twice: with each client's keys in sequence
+//! (the ceiling a user would compare with), and with every key behind the hash of itself, as
+//! Cairn's partition store keeps them (`'d' ++ partition_key ++ key`), which its memtables insert
+//! in no particular order.
 
 use crate::Args;
 use crate::drive::{Figures, Recorder};
@@ -8,8 +11,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The order in which the baseline's keys reach RocksDB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyOrder {
+    /// `c<client>-<seq>-<j>`: each client's keys close together.
+    Client,
+    /// The same keys behind their partition key, as in Cairn's store: in hash order.
+    Hashed,
+}
+
 /// Runs for `--seconds` and returns what it achieved.
-pub fn synced_batches(args: &Args) -> anyhow::Result<Figures> {
+pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
     let dir = tempfile::tempdir().context("create raw RocksDB's temporary folder")?;
     let mut options = rust_rocksdb::Options::default();
     options.create_if_missing(true);
@@ -28,7 +40,19 @@ pub fn synced_batches(args: &Args) -> anyhow::Result<Figures> {
                 while !stop.load(Ordering::Relaxed) {
                     let mut batch = rust_rocksdb::WriteBatch::default();
                     for j in 0..batch_len {
-                        batch.put(format!("c{c}-{seq}-{j}"), &value);
+                        let key = format!("c{c}-{seq}-{j}");
+                        match order {
+                            KeyOrder::Client => batch.put(key, &value),
+                            KeyOrder::Hashed => {
+                                let mut hashed = Vec::with_capacity(9 + key.len());
+                                hashed.push(b'd');
+                                hashed.extend_from_slice(
+                                    &cairn_types::partition_key(key.as_bytes()).to_be_bytes(),
+                                );
+                                hashed.extend_from_slice(key.as_bytes());
+                                batch.put(hashed, &value);
+                            }
+                        }
                     }
                     let sent = Instant::now();
                     db.write_opt(&batch, &write_options)
