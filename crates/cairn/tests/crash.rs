@@ -73,6 +73,35 @@ async fn write_until_stopped(
     acked
 }
 
+/// `WRITERS` clients of `address` writing round `round`'s keys until `stop` is set.
+fn spawn_writers(
+    address: &str,
+    round: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Acknowledged>> {
+    (0..WRITERS)
+        .map(|w| {
+            tokio::spawn(write_until_stopped(
+                address.to_string(),
+                w,
+                round,
+                stop.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Waits for `writers` and adds what they were acknowledged to `all`.
+async fn collect(writers: Vec<tokio::task::JoinHandle<Acknowledged>>, all: &mut Acknowledged) {
+    for writer in writers {
+        let acked = writer.await.unwrap();
+        all.puts.extend(acked.puts);
+        for (key, ws) in acked.winners {
+            all.winners.entry(key).or_default().extend(ws);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,27 +110,12 @@ async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
     for round in 0..3 {
         let server = Server::start(dir.path());
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                tokio::spawn(write_until_stopped(
-                    server.address.clone(),
-                    w,
-                    round,
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let writers = spawn_writers(&server.address, round, &stop);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         // Kill mid-write: the writers are still sending.
         server.kill();
         stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            let acked = writer.await.unwrap();
-            all.puts.extend(acked.puts);
-            for (key, ws) in acked.winners {
-                all.winners.entry(key).or_default().extend(ws);
-            }
-        }
+        collect(writers, &mut all).await;
     }
     assert!(
         all.puts.len() > 100,
@@ -271,26 +285,11 @@ async fn sigkill_amid_rollover_automatic_snapshots_and_trims_loses_nothing() {
         }
         assert_all_acknowledged(&server.address, &all).await;
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                tokio::spawn(write_until_stopped(
-                    server.address.clone(),
-                    w,
-                    round,
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let writers = spawn_writers(&server.address, round, &stop);
         tokio::time::sleep(Duration::from_millis(run_ms)).await;
         server.kill();
         stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            let acked = writer.await.unwrap();
-            all.puts.extend(acked.puts);
-            for (key, ws) in acked.winners {
-                all.winners.entry(key).or_default().extend(ws);
-            }
-        }
+        collect(writers, &mut all).await;
     }
     let server = Server::start_with(dir.path(), &[], &env);
     for id in 0..16 {
@@ -313,16 +312,7 @@ async fn sigterm_under_load_stops_cleanly_and_loses_nothing() {
     for round in 0..2 {
         let server = Server::start(dir.path());
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                tokio::spawn(write_until_stopped(
-                    server.address.clone(),
-                    w,
-                    round,
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let writers = spawn_writers(&server.address, round, &stop);
         tokio::time::sleep(Duration::from_millis(1200)).await;
         let stopping = tokio::task::spawn_blocking(move || server.stop());
         tokio::time::timeout(Duration::from_secs(30), stopping)
@@ -330,13 +320,7 @@ async fn sigterm_under_load_stops_cleanly_and_loses_nothing() {
             .expect("the node stops within 30 s of SIGTERM")
             .expect("a clean exit");
         stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            let acked = writer.await.unwrap();
-            all.puts.extend(acked.puts);
-            for (key, ws) in acked.winners {
-                all.winners.entry(key).or_default().extend(ws);
-            }
-        }
+        collect(writers, &mut all).await;
     }
     assert!(all.puts.len() > 100, "{} puts acknowledged", all.puts.len());
     let server = Server::start(dir.path());
@@ -355,16 +339,7 @@ async fn concurrent_trims_to_the_applied_lsn_under_load_then_sigkill_lose_nothin
     for round in 0..2 {
         let server = Server::start_with(dir.path(), &[], &env);
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                tokio::spawn(write_until_stopped(
-                    server.address.clone(),
-                    w,
-                    round,
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let writers = spawn_writers(&server.address, round, &stop);
         let trimmers: Vec<_> = (0..16u16)
             .map(|id| {
                 let address = server.address.clone();
@@ -402,13 +377,7 @@ async fn concurrent_trims_to_the_applied_lsn_under_load_then_sigkill_lose_nothin
             trims += trimmer.await.unwrap();
         }
         assert!(trims > 16, "{trims} trims");
-        for writer in writers {
-            let acked = writer.await.unwrap();
-            all.puts.extend(acked.puts);
-            for (key, ws) in acked.winners {
-                all.winners.entry(key).or_default().extend(ws);
-            }
-        }
+        collect(writers, &mut all).await;
     }
     let server = Server::start_with(dir.path(), &[], &env);
     for id in 0..16 {
