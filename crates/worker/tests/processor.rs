@@ -70,6 +70,14 @@ impl Fixture {
         partition
     }
 
+    /// Node "n1"'s store and partition, leading at epoch 1 with its clock at `now_ms`.
+    async fn leading_n1(&self, now_ms: u64) -> (PartitionStoreManager, Arc<Partition>) {
+        let stores = self.stores("n1");
+        let n1 = self.start(&stores, "n1", Arc::new(ManualClock::new(now_ms)));
+        n1.become_leader(Epoch(1)).await.unwrap();
+        (stores, n1)
+    }
+
     /// Appends a record as some other node would, bypassing any partition handle.
     async fn append_foreign(&self, epoch: u64, command: Command) {
         let envelope = Envelope {
@@ -191,9 +199,7 @@ async fn an_old_leader_is_fenced_by_a_newer_announcement() {
 #[tokio::test]
 async fn a_restarted_node_serves_only_after_announcing_again() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(5)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (stores, n1) = f.leading_n1(5).await;
     n1.shutdown().await;
     // Same node name, new incarnation: the stored leader is "n1" at epoch 1, but this handle has
     // not announced itself, so it must not serve.
@@ -266,9 +272,7 @@ async fn ttl_expiry_comes_from_the_record_and_replays_identically() {
 #[tokio::test]
 async fn duplicate_keys_in_one_insert_are_admitted_once() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (_stores, n1) = f.leading_n1(10).await;
     let inserted = n1
         .insert_if_absent(vec![key("a"), key("b"), key("a")], Bytes::new(), None)
         .await
@@ -282,9 +286,7 @@ async fn duplicate_keys_in_one_insert_are_admitted_once() {
 #[tokio::test]
 async fn records_applied_together_see_each_others_writes() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (_stores, n1) = f.leading_n1(10).await;
     let insert = |keys: &[&str], value: &str| Command::InsertIfAbsent {
         keys: keys.iter().map(|k| key(k)).collect(),
         value: key(value),
@@ -330,9 +332,7 @@ async fn records_applied_together_see_each_others_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_inserts_of_one_key_admit_exactly_one() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (_stores, n1) = f.leading_n1(10).await;
     for round in 0..5 {
         let contested = key(&format!("contested-{round}"));
         let attempts: Vec<_> = (0..64)
@@ -443,9 +443,7 @@ async fn a_trim_gap_stops_the_partition_with_the_reason() {
 #[tokio::test]
 async fn trimming_past_the_applied_lsn_is_refused() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (_stores, n1) = f.leading_n1(10).await;
     n1.put(put("a", "1", None)).await.unwrap();
     let applied = n1.applied_lsn();
     let err = n1.trim_log(applied.next()).await.unwrap_err();
@@ -458,9 +456,7 @@ async fn trimming_past_the_applied_lsn_is_refused() {
 #[tokio::test]
 async fn an_export_reports_the_lsn_it_holds_while_writes_go_on() {
     let f = Fixture::new().await;
-    let stores = f.stores("n1");
-    let n1 = f.start(&stores, "n1", Arc::new(ManualClock::new(10)));
-    n1.become_leader(Epoch(1)).await.unwrap();
+    let (_stores, n1) = f.leading_n1(10).await;
     let writer = {
         let n1 = n1.clone();
         tokio::spawn(async move {
