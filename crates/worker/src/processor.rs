@@ -40,7 +40,7 @@ use bytes::Bytes;
 use cairn_log::{Entry, Loglet};
 use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, PartitionWriteBatch};
 use cairn_types::Lsn;
-use cairn_types::record::{Command, Envelope, Origin};
+use cairn_types::record::{Command, DecodeError, Envelope, Origin};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -287,12 +287,17 @@ impl Run {
         let applied_before = self.applied;
         let mut batch = self.store.write_batch();
         let mut overlay = Overlay::new();
-        let stored = self.read_insert_if_absent_keys(entries)?;
+        // Decoded once: for the lookups ahead of the run and for applying.
+        let decoded: Vec<Result<Envelope, DecodeError>> = entries
+            .iter()
+            .map(|entry| Envelope::decode(&entry.payload))
+            .collect();
+        let stored = self.read_insert_if_absent_keys(&decoded)?;
         let mut answers = Vec::with_capacity(entries.len());
         let mut announced = false;
         let mut stopped = None;
-        for entry in entries {
-            match self.apply_one(entry, &mut batch, &mut overlay, &stored) {
+        for (entry, envelope) in entries.iter().zip(decoded) {
+            match self.apply_one(entry.lsn, envelope, &mut batch, &mut overlay, &stored) {
                 Ok((origin, outcome)) => {
                     announced |= matches!(outcome, Ok(Outcome::Announced));
                     self.applied = entry.lsn;
@@ -338,10 +343,13 @@ impl Run {
 
     /// Whether and until when the store holds a value for every key that an insert-if-absent of
     /// the run asks about, in one batched lookup before anything is applied.
-    fn read_insert_if_absent_keys(&self, entries: &[Entry]) -> Result<HashMap<Bytes, Presence>> {
+    fn read_insert_if_absent_keys(
+        &self,
+        envelopes: &[Result<Envelope, DecodeError>],
+    ) -> Result<HashMap<Bytes, Presence>> {
         let mut keys: Vec<Bytes> = Vec::new();
         let mut asked = HashSet::new();
-        for entry in entries {
+        for envelope in envelopes {
             // A record that does not decode is reported where the run reaches it.
             if let Ok(Envelope {
                 command:
@@ -349,9 +357,14 @@ impl Run {
                         keys: of_record, ..
                     },
                 ..
-            }) = Envelope::decode(&entry.payload)
+            }) = envelope
             {
-                keys.extend(of_record.into_iter().filter(|k| asked.insert(k.clone())));
+                keys.extend(
+                    of_record
+                        .iter()
+                        .filter(|k| asked.insert((*k).clone()))
+                        .cloned(),
+                );
             }
         }
         if keys.is_empty() {
@@ -372,13 +385,13 @@ impl Run {
     /// answer them, or why the partition must stop before this record.
     fn apply_one(
         &mut self,
-        entry: &Entry,
+        lsn: Lsn,
+        envelope: Result<Envelope, DecodeError>,
         batch: &mut PartitionWriteBatch,
         overlay: &mut Overlay,
         stored: &HashMap<Bytes, Presence>,
     ) -> Result<(Option<Origin>, Result<Outcome>)> {
         let partition = self.shared.id;
-        let lsn = entry.lsn;
         if lsn != self.applied.next() {
             // Applying it would diverge: at best a record applied twice, at worst different
             // records at LSNs already applied.
@@ -393,7 +406,7 @@ impl Run {
                 ),
             });
         }
-        let envelope = Envelope::decode(&entry.payload).map_err(|err| Error::Stopped {
+        let envelope = envelope.map_err(|err| Error::Stopped {
             partition,
             reason: format!("record at LSN {lsn} cannot be decoded: {err}"),
         })?;
