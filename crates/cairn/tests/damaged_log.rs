@@ -23,6 +23,18 @@ fn start(dir: &Path) -> Server {
     Server::start_with(dir, &[], &[("CAIRN_NUM_PARTITIONS", "4")])
 }
 
+/// [`start`], with the log starting a new segment every megabyte.
+fn start_with_small_segments(dir: &Path) -> Server {
+    Server::start_with(
+        dir,
+        &[],
+        &[
+            ("CAIRN_NUM_PARTITIONS", "4"),
+            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
+        ],
+    )
+}
+
 fn keys_of(partition: PartitionId, prefix: &str, count: usize) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}-{i:05}"))
@@ -362,14 +374,7 @@ async fn a_full_log_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
     let filler = log_dir.join("filler");
     std::fs::write(&filler, vec![0u8; 3 << 20]).unwrap();
 
-    let server = Server::start_with(
-        dir.path(),
-        &[],
-        &[
-            ("CAIRN_NUM_PARTITIONS", "4"),
-            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
-        ],
-    );
+    let server = start_with_small_segments(dir.path());
     let client = client(&server.address).await;
     let keys = keys_of(DAMAGED, "big", 100);
     let mut acknowledged = Vec::new();
@@ -421,14 +426,7 @@ async fn a_full_log_disk_refuses_writes_serves_reads_and_recovers_by_itself() {
 
     // Nothing acknowledged was lost, also across a crash and recovery.
     server.kill();
-    let server = Server::start_with(
-        dir.path(),
-        &[],
-        &[
-            ("CAIRN_NUM_PARTITIONS", "4"),
-            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
-        ],
-    );
+    let server = start_with_small_segments(dir.path());
     let client = self::client(&server.address).await;
     let wanted: Vec<Bytes> = acknowledged
         .iter()
@@ -711,14 +709,7 @@ async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(
-        dir.path(),
-        &[],
-        &[
-            ("CAIRN_NUM_PARTITIONS", "4"),
-            ("CAIRN_LOG__SEGMENT_BYTES", "1048576"),
-        ],
-    );
+    let server = start_with_small_segments(dir.path());
     let client = client(&server.address).await;
     // Enough for a few segments; past the first, they hold records of the damaged partition only.
     for key in keys_of(DAMAGED, "big", 40) {
