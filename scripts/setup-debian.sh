@@ -8,6 +8,8 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 [ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v c++ >/dev/null 2>&1 || need_apt+=(build-essential)
+# jemalloc (the server's allocator) is built with make.
+command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v sst_dump >/dev/null 2>&1 || need_apt+=(rocksdb-tools)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 # Redis, for `cairn-bench` to compare against: the benchmark starts its own server on loopback
