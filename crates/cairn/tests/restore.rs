@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use support::{
     Server, assert_keys_there, cairnctl, created_id, fails, keys_of_partition, ok,
-    partition_columns, put_keys, run_cairn, snapshot_object_keys, value_for,
+    partition_columns, put_keys, run_cairn, snapshot_object_keys, value_for, wait_until_started,
 };
 
 async fn client(address: &str) -> Client {
@@ -189,7 +189,9 @@ async fn a_trim_gap_without_a_repository_keeps_the_partition_down_and_says_why()
     let table = ok(cairnctl(&a, &["partitions", "list"]));
     assert!(table.contains("missing"), "{table}");
     // The other partitions serve.
-    ok(cairnctl(&a, &["kv", "put", "elsewhere", "v"]));
+    let elsewhere = &keys_of_partition("elsewhere", 1, 1)[0];
+    wait_until_started(&a, 1);
+    ok(cairnctl(&a, &["kv", "put", elsewhere, "v"]));
 }
 
 /// Keys under `ssts/` of partition 0's folder in a local repository.
@@ -310,7 +312,9 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     assert!(!a.is_empty(), "{}", paused.output());
     let row = partition_columns(&a, 0);
     assert_eq!(row.last().map(String::as_str), Some("starting"), "{row:?}");
-    ok(cairnctl(&a, &["kv", "put", "elsewhere", "v"]));
+    let elsewhere = &keys_of_partition("elsewhere", 1, 1)[0];
+    wait_until_started(&a, 1);
+    ok(cairnctl(&a, &["kv", "put", elsewhere, "v"]));
     let err = fails(cairnctl(&a, &["kv", "get", &snapshotted[0]]));
     assert!(err.contains("still starting"), "{err}");
     paused.kill();

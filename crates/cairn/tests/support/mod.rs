@@ -292,6 +292,23 @@ pub fn partition_columns(address: &str, id: u16) -> Vec<String> {
         .collect()
 }
 
+/// Waits (up to a minute) until partition `id` no longer reports itself as starting: a node
+/// serves before all of its partitions do, and each one starts on its own.
+pub fn wait_until_started(address: &str, id: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let row = partition_columns(address, id);
+        if row.last().map(String::as_str) != Some("starting") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partition {id} still starting after a minute: {row:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The object keys (`ssts/<hash>.sst`) of a snapshot's files, from `snapshots describe`.
 pub fn snapshot_object_keys(address: &str, snapshot_id: &str) -> Vec<String> {
     let described = ok(cairnctl(address, &["snapshots", "describe", snapshot_id]));
