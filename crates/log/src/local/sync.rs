@@ -21,10 +21,10 @@ struct Job {
     file: Arc<File>,
 }
 
-/// Results of finished syncs, in whatever order they finished.
+/// Results of finished syncs, in whatever order they finished, with how long each took.
 #[derive(Default)]
 struct Results {
-    done: Mutex<Vec<(u64, io::Result<()>)>>,
+    done: Mutex<Vec<(u64, io::Result<()>, Duration)>>,
     ready: Condvar,
 }
 
@@ -52,6 +52,10 @@ pub(super) struct Syncers {
     results: Arc<Results>,
     started: VecDeque<Started>,
     next_id: u64,
+    /// How long the last sync that finished took; `None` before the first.
+    last_took: Option<Duration>,
+    /// Syncs that take less than this run on the writer's thread when none is in flight.
+    inline_below: Duration,
 }
 
 impl Syncers {
@@ -59,6 +63,7 @@ impl Syncers {
     /// so that the syncers never keep the writer's queue open).
     pub fn start(
         count: usize,
+        inline_below: Duration,
         shared: &Arc<CoreShared>,
         wake: mpsc::WeakSender<Request>,
     ) -> io::Result<Syncers> {
@@ -77,8 +82,9 @@ impl Syncers {
                             Ok(job) => job,
                             Err(_) => return,
                         };
+                        let at = Instant::now();
                         let result = sync(&shared, &job.file);
-                        results.done.lock().push((job.id, result));
+                        results.done.lock().push((job.id, result, at.elapsed()));
                         results.ready.notify_all();
                         // Never waits for room: a full queue wakes the writer anyway, and while
                         // it waits for syncs (too many commits unsynced) it takes no requests,
@@ -96,6 +102,8 @@ impl Syncers {
             results,
             started: VecDeque::new(),
             next_id: 0,
+            last_took: None,
+            inline_below,
         })
     }
 
@@ -108,19 +116,35 @@ impl Syncers {
         self.started.front().map(|s| s.at.elapsed())
     }
 
-    /// Starts a sync of `file` covering commits up to `covers`.
-    pub fn start_sync(&mut self, file: Arc<File>, covers: u64) {
+    /// Starts a sync of `file` covering commits up to `covers`; `true` if it is done already
+    /// (settle it now: no syncer wakes the writer for it). On a fast disk, with no sync in
+    /// flight, it runs right here: handing it to a syncer thread and being woken by it would cost
+    /// two thread switches, more than the sync itself; meanwhile new appends queue up for the
+    /// next commit, as they would anyway. Its result is settled like any other.
+    pub fn start_sync(&mut self, shared: &CoreShared, file: Arc<File>, covers: u64) -> bool {
         let id = self.next_id;
         self.next_id += 1;
-        let job = Job { id, file };
-        match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => {}
-            // The syncer threads are gone (one panicked while holding the queue): sync here.
-            Some(Err(std::sync::mpsc::SendError(job))) => {
-                let result = job.file.sync_data();
-                self.results.done.lock().push((job.id, result));
+        let inline =
+            self.started.is_empty() && self.last_took.is_some_and(|t| t < self.inline_below);
+        if inline {
+            let at = Instant::now();
+            let result = sync(shared, &file);
+            self.results.done.lock().push((id, result, at.elapsed()));
+        } else {
+            let job = Job { id, file };
+            match self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+                Some(Ok(())) => {}
+                // The syncer threads are gone (one panicked while holding the queue): sync here.
+                Some(Err(std::sync::mpsc::SendError(job))) => {
+                    let at = Instant::now();
+                    let result = job.file.sync_data();
+                    self.results
+                        .done
+                        .lock()
+                        .push((job.id, result, at.elapsed()));
+                }
+                None => return false,
             }
-            None => return,
         }
         self.started.push_back(Started {
             id,
@@ -128,11 +152,13 @@ impl Syncers {
             at: Instant::now(),
             result: None,
         });
+        inline
     }
 
     /// Takes the results that arrived and settles them in start order.
     pub fn settle(&mut self) -> Settled {
-        for (id, result) in std::mem::take(&mut *self.results.done.lock()) {
+        for (id, result, took) in std::mem::take(&mut *self.results.done.lock()) {
+            self.last_took = Some(took);
             let index = self.started.front().and_then(|f| id.checked_sub(f.id));
             if let Some(started) = index.and_then(|i| self.started.get_mut(i as usize)) {
                 started.result = Some(result);
@@ -170,7 +196,7 @@ impl Syncers {
             if done.is_empty() {
                 self.results.ready.wait(&mut done);
             }
-            for (id, _) in done.drain(..) {
+            for (id, _, _) in done.drain(..) {
                 self.started.retain(|s| s.id != id);
             }
         }

@@ -112,7 +112,7 @@ impl Writer {
         };
         Ok(Writer {
             deleter: Deleter::start()?,
-            syncers: Syncers::start(syncers, &shared, wake)?,
+            syncers: Syncers::start(syncers, shared.options.sync_overlap_after, &shared, wake)?,
             shared,
             queue,
             segments: disk.segments,
@@ -218,15 +218,23 @@ impl Writer {
 
     /// Publishes what the finished syncs made durable, or fails what a failed one left.
     fn settle(&mut self) {
+        if self.take_settled() {
+            self.start_sync();
+        }
+    }
+
+    /// Publishes what the finished syncs made durable; `false` if one failed (and what it left
+    /// is failed).
+    fn take_settled(&mut self) -> bool {
         let settled = self.syncers.settle();
         if let Some(covers) = settled.synced {
             self.publish_through(covers);
         }
         if let Some(error) = settled.failure {
             self.fail("syncing a segment", error, Vec::new());
-            return;
+            return false;
         }
-        self.start_sync();
+        true
     }
 
     /// Starts a sync of every written commit that none covers yet, unless enough are in flight
@@ -253,8 +261,11 @@ impl Writer {
             .active
             .as_ref()
             .expect("a written commit has an active segment");
-        self.syncers.start_sync(active.file.clone(), last);
+        let file = active.file.clone();
         self.covered = Some(last);
+        if self.syncers.start_sync(&self.shared, file, last) {
+            self.take_settled();
+        }
     }
 
     /// Makes the written commits up to `id` readable and acknowledges them.
