@@ -102,17 +102,29 @@ fn segments(base_dir: &Path) -> Vec<PathBuf> {
     segments
 }
 
-/// Offset, log id and LSN of every record of a segment, walking its framing.
+/// Offset, log id and LSN of every record of a segment, walking its framing up to the end of
+/// the file or to the zeros of its preallocated space (no record's header is all zeros).
 fn records_in(segment: &[u8]) -> Vec<(usize, u64, u64)> {
     let mut records = Vec::new();
     let mut offset = 0;
-    while offset + RECORD_HEADER_BYTES <= segment.len() {
+    while offset + RECORD_HEADER_BYTES <= segment.len()
+        && segment[offset..offset + RECORD_HEADER_BYTES]
+            .iter()
+            .any(|b| *b != 0)
+    {
         let u64_at = |i: usize| u64::from_le_bytes(segment[i..i + 8].try_into().unwrap());
         let len = u32::from_le_bytes(segment[offset..offset + 4].try_into().unwrap()) as usize;
         records.push((offset, u64_at(offset + 8), u64_at(offset + 16)));
         offset += RECORD_HEADER_BYTES + len;
     }
     records
+}
+
+/// Where the last record of a segment ends.
+fn written_end(segment: &[u8]) -> usize {
+    let (offset, _, _) = *records_in(segment).last().expect("a record");
+    let len = u32::from_le_bytes(segment[offset..offset + 4].try_into().unwrap()) as usize;
+    offset + RECORD_HEADER_BYTES + len
 }
 
 /// Offset and LSN of the `n`th record (from 0) of partition `id`'s log in a segment.
@@ -129,15 +141,19 @@ fn record_at(segment: &[u8], id: PartitionId, n: usize) -> (usize, u64) {
 /// record is the damaged partition's.
 fn cut_the_last_record(base_dir: &Path) {
     let segment = last_segment(base_dir);
-    let last = records_in(&std::fs::read(&segment).unwrap())
-        .pop()
-        .expect("a record");
+    let bytes = std::fs::read(&segment).unwrap();
+    let last = records_in(&bytes).pop().expect("a record");
     assert_eq!(
         last.1,
         u64::from(DAMAGED.0),
         "the newest record is the damaged partition's"
     );
-    shrink(&segment, 5);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap()
+        .set_len((written_end(&bytes) - 5) as u64)
+        .unwrap();
 }
 
 /// The other partitions serve: a key of each can be written and read.
@@ -274,7 +290,8 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
 
     // One byte inside the payload of a record in the middle of the newest segment.
     let segment = last_segment(dir.path());
-    let intact = std::fs::read(&segment).unwrap();
+    let mut intact = std::fs::read(&segment).unwrap();
+    intact.truncate(written_end(&intact));
     let (offset, lsn) = record_at(&intact, DAMAGED, 20);
     let mut damaged = intact.clone();
     damaged[offset + RECORD_HEADER_BYTES + 3] ^= 0x20;
@@ -572,11 +589,12 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
     let dir = tempfile::tempdir().unwrap();
     let base_dir = dir.path().join("data");
     // Log and store on one small file system, as on a single-disk machine; larger than the
-    // 64 MiB that RocksDB wants free before it resumes writing.
+    // 64 MiB that RocksDB wants free before it resumes writing. Small log segments, so that the
+    // space a segment takes up front is not what fills the disk.
     let Some(_tmpfs) = Tmpfs::mount_or_skip(&base_dir, "128m") else {
         return;
     };
-    let server = start(&base_dir);
+    let server = start_with_small_segments(&base_dir);
     let client = client(&server.address).await;
     let mut acknowledged = Vec::new();
     for key in keys_of(DAMAGED, "key", 20) {
@@ -663,7 +681,7 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
 
     // Nothing acknowledged was lost, also across a crash and recovery.
     server.kill();
-    let server = start(&base_dir);
+    let server = start_with_small_segments(&base_dir);
     assert_sizes(&self::client(&server.address).await, &acknowledged).await;
     server.stop();
 }

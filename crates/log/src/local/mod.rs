@@ -191,6 +191,12 @@ pub struct LocalLogOptions {
     /// How many payload bytes of its most recent records each log keeps in memory, so that
     /// reading right behind the appends needs no disk read. 0 keeps none.
     pub cache_bytes_max: usize,
+    /// Allocate each segment's `segment_bytes_max` bytes when it is started (`fallocate`), so
+    /// that a commit writes into blocks the file already has and its `fdatasync` need not also
+    /// write the file's new size: on ext4 that took a sync from about 135 to 95 µs. Best effort: a
+    /// file system that cannot, or a disk without the room, lets the segment grow as it is
+    /// written. A segment is cut to what it holds when the next one starts.
+    pub preallocate: bool,
 }
 
 impl Default for LocalLogOptions {
@@ -205,6 +211,7 @@ impl Default for LocalLogOptions {
             syncs_in_flight_max: 4,
             sync_overlap_after: std::time::Duration::from_micros(500),
             cache_bytes_max: 4 * 1024 * 1024,
+            preallocate: true,
         }
     }
 }

@@ -144,16 +144,17 @@ pub(super) fn read_record(
 
 /// Looks, past the bad spot at `bad_offset`, for a well-formed record: a header that
 /// `plausible(log id, lsn, most records between)` accepts there and whose checksum matches.
-/// Returns its offset and header. Every byte offset is tried, since the bad record's length
-/// cannot be trusted.
+/// Returns its offset and header. Every byte offset below `starts_below` is tried, since the bad
+/// record's length cannot be trusted.
 pub(super) fn valid_record_after(
     reader: &mut SegmentReader<'_>,
     bad_offset: u64,
+    starts_below: u64,
     plausible: impl Fn(u64, u64, u64) -> bool,
 ) -> Result<Option<(u64, Header)>, RecordError> {
     let end = reader.end;
     let mut offset = bad_offset + 1;
-    while offset + HEADER_BYTES as u64 <= end {
+    while offset < starts_below && offset + HEADER_BYTES as u64 <= end {
         let header = Header::parse(reader.read(offset, HEADER_BYTES)?);
         let most_records_between = (offset - bad_offset) / HEADER_BYTES as u64;
         if plausible(header.log_id, header.lsn, most_records_between) {
@@ -166,6 +167,44 @@ pub(super) fn valid_record_after(
         offset += 1;
     }
     Ok(None)
+}
+
+/// Gives `file` at least `len` bytes of allocated space, zeros where nothing was written, so that
+/// later writes below `len` change no metadata. Best effort: on failure (a file system without
+/// `fallocate`, a full disk) the file grows as it is written, as it would have anyway.
+pub(super) fn preallocate(file: &File, len: u64) {
+    use std::os::fd::AsRawFd;
+    let Ok(len) = libc::off_t::try_from(len) else {
+        return;
+    };
+    // SAFETY: `file` owns a valid descriptor for the duration of the call; mode 0 only allocates
+    // (and extends the size), it never changes existing bytes.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if result != 0 {
+        tracing::debug!(
+            error = %io::Error::last_os_error(),
+            "cannot preallocate a log segment; it grows as it is written"
+        );
+    }
+}
+
+/// Where the last non-zero byte of the first `len` bytes of `file` ends: a preallocated segment
+/// is zeros after its last write, and no record starts in them (its header would be all zero,
+/// which no valid record's is).
+pub(super) fn end_of_non_zero(file: &File, len: u64) -> io::Result<u64> {
+    const CHUNK: u64 = 1024 * 1024;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut end = len;
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.read_exact_at(chunk, start)?;
+        if let Some(last) = chunk.iter().rposition(|b| *b != 0) {
+            return Ok(start + last as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {

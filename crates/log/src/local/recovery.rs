@@ -4,7 +4,7 @@
 
 use super::record::{
     self, HEADER_BYTES, Header, RecordError, SEGMENT_SUFFIX, SegmentReader, TrimPointError,
-    read_record, segment_file_name, valid_record_after,
+    end_of_non_zero, preallocate, read_record, segment_file_name, valid_record_after,
 };
 use super::writer::{Active, DiskState, SegmentMeta};
 use super::{Loc, LocalLogOptions, Refusal, Run, SegmentFile};
@@ -218,10 +218,18 @@ impl Scan {
             file: segment.clone(),
             logs: HashMap::new(),
         };
+        // The last segment may have been preallocated: zeros after its last write, where no
+        // record starts. Older segments were cut to their records when the next one started.
+        let content_end = if is_last {
+            end_of_non_zero(&segment.file, file_len)
+                .map_err(io_context("reading", &segment.path))?
+        } else {
+            file_len
+        };
         let mut reader = SegmentReader::new(&segment.file, file_len);
         let mut offset = 0;
         let mut end = file_len;
-        while offset < file_len {
+        while offset < content_end {
             let detail = match read_record(&mut reader, offset) {
                 Ok((header, next)) if offset <= u64::from(u32::MAX) => {
                     match u16::try_from(header.log_id) {
@@ -237,7 +245,7 @@ impl Scan {
                 Err(RecordError::Invalid(detail)) => detail,
                 Err(RecordError::Io(e)) => return Err(io_context("reading", &segment.path)(e)),
             };
-            let followed = valid_record_after(&mut reader, offset, |id, lsn, most| {
+            let followed = valid_record_after(&mut reader, offset, content_end, |id, lsn, most| {
                 self.plausible(id, lsn, most)
             })
             .map_err(|e| match e {
@@ -245,7 +253,7 @@ impl Scan {
                 RecordError::Invalid(d) => io::Error::other(d),
             })?;
             if is_last && followed.is_none() {
-                cut_torn_tail(&segment.path, offset, file_len, &detail, options)?;
+                cut_torn_tail(&segment.path, offset, content_end, &detail, options)?;
                 end = offset;
                 break;
             }
@@ -256,6 +264,10 @@ impl Scan {
                 None => break,
             }
         }
+        if offset >= content_end {
+            // The records end where the zeros of a preallocated tail (or the file) begin.
+            end = end.min(offset);
+        }
         drop(reader);
         self.segments.insert(seq, meta);
         if !is_last {
@@ -265,6 +277,9 @@ impl Scan {
             .write(true)
             .open(&segment.path)
             .map_err(io_context("opening for writing", &segment.path))?;
+        if options.preallocate {
+            preallocate(&file, options.segment_bytes_max);
+        }
         Ok(Some(Active {
             seq,
             file: Arc::new(file),
@@ -503,12 +518,12 @@ impl Scan {
 fn cut_torn_tail(
     path: &Path,
     offset: u64,
-    file_len: u64,
+    content_end: u64,
     detail: &str,
     options: &LocalLogOptions,
 ) -> io::Result<()> {
     tracing::warn!(
-        path = %path.display(), offset, dropped_bytes = file_len - offset, %detail,
+        path = %path.display(), offset, dropped_bytes = content_end - offset, %detail,
         "cutting the torn tail of the log: an incomplete final write, never acknowledged"
     );
     let file = OpenOptions::new()

@@ -7,6 +7,7 @@ use super::record::{
 };
 use super::*;
 use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use tempfile::TempDir;
 
@@ -154,6 +155,22 @@ async fn append_records(log: &LocalLoglet, first: u64, last: u64) {
     append_records_of(log, first, last).await
 }
 
+/// A segment's bytes up to the end of its last record, without the zeros of the space it was
+/// given up front. (Test records never end in a zero byte.)
+fn written_bytes(segment: &Path) -> Vec<u8> {
+    let mut bytes = fs::read(segment).expect("segment");
+    let end = bytes
+        .iter()
+        .rposition(|b| *b != 0)
+        .map_or(0, |last| last + 1);
+    bytes.truncate(end);
+    bytes
+}
+
+fn written_len(segment: &Path) -> u64 {
+    written_bytes(segment).len() as u64
+}
+
 fn wal_dir(dir: &Path) -> PathBuf {
     dir.join(WAL_DIR)
 }
@@ -248,30 +265,27 @@ async fn a_torn_tail_is_cut_and_appends_continue_after_it() {
         let log = provider.open_local(LogId(1)).await.expect("open");
         append_records(&log, 1, 5).await;
     }
-    let intact_len = fs::metadata(&segment).expect("segment").len();
+    let intact_len = written_len(&segment);
 
     // A crash in the middle of writing record 6: a complete header, half of the payload.
     let mut torn = Vec::new();
     encode_record(&mut torn, 1, 6, &record(6));
     torn.truncate(HEADER_BYTES + 10);
-    let file = OpenOptions::new()
-        .append(true)
-        .open(&segment)
-        .expect("segment");
-    std::io::Write::write_all(&mut &file, &torn).expect("write torn record");
-    drop(file);
+    let mut bytes = written_bytes(&segment);
+    bytes.extend_from_slice(&torn);
+    fs::write(&segment, &bytes).expect("write torn record");
 
     {
         let provider = provider(dir.path(), LocalLogOptions::default());
         let log = provider.open_local(LogId(1)).await.expect("reopen");
         assert_eq!(log.state().await.expect("state"), state_of(0, 5));
-        assert_eq!(fs::metadata(&segment).expect("segment").len(), intact_len);
+        assert_eq!(written_len(&segment), intact_len);
         append_records(&log, 6, 7).await;
         assert_eq!(log.read(Lsn(1), 100).await.expect("read"), records(1, 7));
     }
 
     // Garbage after the last record, and a bit flip inside the (new) last record.
-    let mut bytes = fs::read(&segment).expect("segment");
+    let mut bytes = written_bytes(&segment);
     let last = bytes.len() - 3;
     bytes[last] ^= 0x40;
     bytes.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]);
@@ -286,6 +300,119 @@ async fn a_torn_tail_is_cut_and_appends_continue_after_it() {
 }
 
 #[tokio::test]
+async fn a_preallocated_segment_reopens_at_its_last_record() {
+    let dir = TempDir::new().expect("temporary directory");
+    let segment = segment_path(dir.path(), 1);
+    let options = LocalLogOptions::default();
+    {
+        let provider = provider(dir.path(), options.clone());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        append_records(&log, 1, 5).await;
+    }
+    assert_eq!(
+        fs::metadata(&segment).expect("segment").len(),
+        options.segment_bytes_max,
+        "the segment's space is allocated up front"
+    );
+    assert_eq!(written_len(&segment), 5 * RECORD_BYTES as u64);
+    for round in 0..2u64 {
+        let provider = provider(dir.path(), options.clone());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        let tail = 5 + round * 2;
+        assert_log_holds(&log, tail).await;
+        append_records(&log, tail + 1, tail + 2).await;
+        assert_eq!(written_len(&segment), (tail + 2) * RECORD_BYTES as u64);
+    }
+}
+
+#[tokio::test]
+async fn a_torn_write_into_preallocated_space_is_cut() {
+    let dir = TempDir::new().expect("temporary directory");
+    let segment = segment_path(dir.path(), 1);
+    {
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        append_records(&log, 1, 5).await;
+    }
+    // Half of record 6 reached the disk; the zeros of the preallocated space follow it.
+    let mut torn = Vec::new();
+    encode_record(&mut torn, 1, 6, &record(6));
+    torn.truncate(HEADER_BYTES + 10);
+    OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .expect("segment")
+        .write_all_at(&torn, 5 * RECORD_BYTES as u64)
+        .expect("write torn record");
+
+    let provider = provider(dir.path(), LocalLogOptions::default());
+    let log = provider.open_local(LogId(1)).await.expect("reopen");
+    assert_log_holds(&log, 5).await;
+    append_records(&log, 6, 8).await;
+    assert_log_holds(&log, 8).await;
+    assert_eq!(written_len(&segment), 8 * RECORD_BYTES as u64);
+}
+
+#[tokio::test]
+async fn a_last_record_ending_in_zero_bytes_is_kept_whole() {
+    let dir = TempDir::new().expect("temporary directory");
+    let payloads = [
+        Bytes::from_static(b"ends in zeros\0\0\0\0"),
+        Bytes::from(vec![0u8; 100]),
+    ];
+    for (round, payload) in payloads.iter().enumerate() {
+        {
+            let provider = provider(dir.path(), LocalLogOptions::default());
+            let log = provider.open_local(LogId(1)).await.expect("open");
+            let lsn = log.append(vec![payload.clone()]).await.expect("append");
+            assert_eq!(lsn, Lsn(round as u64 + 1));
+        }
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        let log = provider.open_local(LogId(1)).await.expect("reopen");
+        let read = log.read(Lsn(1), 10).await.expect("read");
+        let expected: Vec<Entry> = payloads[..=round]
+            .iter()
+            .enumerate()
+            .map(|(i, payload)| Entry {
+                lsn: Lsn(i as u64 + 1),
+                payload: payload.clone(),
+            })
+            .collect();
+        assert_eq!(read, expected, "reopened after record {}", round + 1);
+    }
+}
+
+#[tokio::test]
+async fn a_finished_segment_is_cut_to_its_records() {
+    let dir = TempDir::new().expect("temporary directory");
+    let options = tiny_segments();
+    {
+        let provider = provider(dir.path(), options.clone());
+        let log = provider.open_local(LogId(1)).await.expect("open");
+        append_records(&log, 1, 10).await;
+    }
+    assert_eq!(segment_names(dir.path()), names(&[1, 2, 3]));
+    for seq in [1, 2] {
+        assert_eq!(
+            fs::metadata(segment_path(dir.path(), seq))
+                .expect("segment")
+                .len(),
+            4 * RECORD_BYTES as u64,
+            "segment {seq} ends with its last record"
+        );
+    }
+    let last = segment_path(dir.path(), 3);
+    assert_eq!(
+        fs::metadata(&last).expect("segment").len(),
+        options.segment_bytes_max
+    );
+    assert_eq!(written_len(&last), 2 * RECORD_BYTES as u64);
+    let provider = provider(dir.path(), options);
+    let log = provider.open_local(LogId(1)).await.expect("reopen");
+    assert_log_holds(&log, 10).await;
+}
+
+#[tokio::test]
 async fn damage_in_an_older_segment_is_corruption() {
     let dir = TempDir::new().expect("temporary directory");
     {
@@ -294,7 +421,7 @@ async fn damage_in_an_older_segment_is_corruption() {
         append_records(&log, 1, 10).await;
     }
     let first = segment_path(dir.path(), 1);
-    let mut bytes = fs::read(&first).expect("segment");
+    let mut bytes = written_bytes(&first);
     // The payload of the segment's last record (LSN 4): nothing valid follows in the segment.
     bytes[3 * RECORD_BYTES + HEADER_BYTES + 3] ^= 0x01;
     fs::write(&first, &bytes).expect("damage segment");
@@ -320,13 +447,13 @@ async fn reopen_after_damage(
         let log = provider.open_local(LogId(1)).await.expect("open");
         append_records(&log, 1, 10).await;
     }
-    let mut bytes = fs::read(&segment).expect("segment");
+    let mut bytes = written_bytes(&segment);
     let offsets: Vec<usize> = (0..10).map(|i| i * RECORD_BYTES).collect();
     damage(&mut bytes, &offsets);
     fs::write(&segment, &bytes).expect("damage segment");
     let provider = provider(dir.path(), LocalLogOptions::default());
     let opened = provider.open_local(LogId(1)).await;
-    (opened, fs::metadata(&segment).expect("segment").len())
+    (opened, written_len(&segment))
 }
 
 #[tokio::test]
@@ -828,7 +955,7 @@ async fn a_torn_commit_spanning_several_logs_leaves_each_log_a_prefix() {
         append_concurrently(&provider, 4, 16, 10).await
     };
     let segment = segment_path(dir.path(), 1);
-    let bytes = fs::read(&segment).expect("segment");
+    let bytes = written_bytes(&segment);
     let found = walk(&bytes);
     // Cut in the middle of the 8th record from the end: the last commits are torn.
     let (cut_record, _, _) = found[found.len() - 8];
@@ -870,7 +997,7 @@ async fn a_torn_commit_spanning_several_logs_leaves_each_log_a_prefix() {
         );
     }
     assert_eq!(
-        fs::metadata(&segment).expect("segment").len(),
+        written_len(&segment),
         cut_record as u64 + 4 * (HEADER_BYTES as u64 + 4),
         "cut at the torn record, then the four new appends"
     );
@@ -889,7 +1016,7 @@ async fn a_flipped_byte_refuses_only_the_log_whose_record_it_is() {
         }
     }
     let segment = segment_path(dir.path(), 1);
-    let mut bytes = fs::read(&segment).expect("segment");
+    let mut bytes = written_bytes(&segment);
     // LSN 5 of log 2 is the 14th record.
     let offset = 13 * RECORD_BYTES;
     assert_eq!(walk(&bytes)[13], (offset, 2, 5));
@@ -915,10 +1042,7 @@ async fn a_flipped_byte_refuses_only_the_log_whose_record_it_is() {
     let provider = self::provider(dir.path(), LocalLogOptions::default());
     let (_, again, _) = expect_corrupt(provider.open_local(LogId(2)).await);
     assert_eq!(again, Some(offset as u64));
-    assert_eq!(
-        fs::read(&segment).expect("segment")[..bytes.len()],
-        bytes[..]
-    );
+    assert_eq!(written_bytes(&segment)[..bytes.len()], bytes[..]);
     let log = provider.open_local(LogId(3)).await.expect("open");
     assert_log_holds(&log, 11).await;
 }
@@ -931,7 +1055,7 @@ async fn damage_no_log_can_be_blamed_for_refuses_every_log() {
         interleave(&provider, 3).await;
     }
     let segment = segment_path(dir.path(), 1);
-    let mut bytes = fs::read(&segment).expect("segment");
+    let mut bytes = written_bytes(&segment);
     // The LSN in the header of log 1's last record: it names no log's next record any more, and
     // log 1 shows no gap after it (it was its last).
     let offset = 4 * RECORD_BYTES;
@@ -1190,6 +1314,15 @@ async fn an_empty_newest_segment_and_stray_files_are_handled() {
     }
     let segments = segment_names(dir.path());
     assert_eq!(segments, names(&[1, 2]));
+    // As a crash right after starting segment 3 leaves them: segment 2 cut to its records (and
+    // synced) first, then segment 3 created.
+    let second = segment_path(dir.path(), 2);
+    OpenOptions::new()
+        .write(true)
+        .open(&second)
+        .expect("segment")
+        .set_len(written_len(&second))
+        .expect("cut");
     File::create(segment_path(dir.path(), 3)).expect("create an empty segment");
     fs::write(wal_dir(dir.path()).join("notes.txt"), b"not a segment").expect("stray file");
     fs::copy(

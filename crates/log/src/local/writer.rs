@@ -3,7 +3,7 @@
 //! segments, cuts what failed commits left behind, persists trim points and hands the segments no
 //! log needs any more to the deleter.
 
-use super::record::{self, HEADER_BYTES, encode_record, segment_file_name, sync_dir};
+use super::record::{self, HEADER_BYTES, encode_record, preallocate, segment_file_name, sync_dir};
 use super::sync::Syncers;
 use super::{CoreShared, Loc, LogShared, Request, SegmentFile};
 use crate::Result;
@@ -388,6 +388,9 @@ impl Writer {
                 file.sync_data()
                     .map_err(|e| ("cutting a failed write from a segment", e))?;
             }
+            if self.shared.options.preallocate {
+                preallocate(&file, self.shared.options.segment_bytes_max);
+            }
             self.active = Some(Active {
                 seq,
                 file: Arc::new(file),
@@ -530,8 +533,23 @@ impl Writer {
     /// Starts a new segment.
     fn roll(&mut self) -> Result<(), IoFailure> {
         // Sync the segment being left first: recovery tolerates a torn tail only in the last
-        // segment, so no older segment may ever end in unsynced bytes.
+        // segment, so no older segment may ever end in unsynced bytes, nor in the zeros of its
+        // preallocated space.
         self.flush()?;
+        if let Some(active) = &self.active {
+            active
+                .file
+                .set_len(active.written)
+                .map_err(|e| ("cutting a segment to its records", e))?;
+            // Its new size must be on disk before the next segment is: `sync_all`, not the
+            // `fdatasync` of `sync_active`, which need not write a size that shrank.
+            if self.shared.options.fsync {
+                active
+                    .file
+                    .sync_all()
+                    .map_err(|e| ("cutting a segment to its records", e))?;
+            }
+        }
         self.sync_active()?;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -541,6 +559,9 @@ impl Writer {
             .create_new(true)
             .open(&path)
             .map_err(|e| ("creating a segment", e))?;
+        if self.shared.options.preallocate {
+            preallocate(&file, self.shared.options.segment_bytes_max);
+        }
         let reader = match File::open(&path) {
             Ok(reader) => reader,
             Err(e) => {
