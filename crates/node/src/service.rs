@@ -54,6 +54,7 @@ fn status_of(err: cairn_worker::Error) -> Status {
         E::StoreAheadOfLog { .. } => Status::failed_precondition(err.to_string()),
         E::TimedOut { .. } => Status::unavailable(err.to_string()),
         E::StoreDiskFull { .. } => Status::resource_exhausted(err.to_string()),
+        E::AnswerTooLarge { .. } => Status::invalid_argument(err.to_string()),
     }
 }
 
@@ -144,23 +145,26 @@ impl KeyValueService {
     /// The values of `keys`, in request order, refused once they add up to more than a request
     /// may carry: a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an
     /// answer that no gRPC message can hold. Keys are read a few at a time, so no more than one
-    /// chunk's values past the bound are ever held.
+    /// chunk's values past the bound are ever held; all partitions' keys in one blocking task.
     async fn get_within_bound(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Status> {
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
-        let mut out = vec![None; keys.len()];
-        let mut total = 0usize;
-        for (pid, indices) in groups {
+        let mut shares = Vec::with_capacity(groups.len());
+        let mut indices = Vec::with_capacity(groups.len());
+        for (pid, mine) in groups {
             let partition = self.partition(pid)?;
-            for chunk in indices.chunks(CHUNK) {
-                let mine: Vec<Bytes> = chunk.iter().map(|&i| keys[i].clone()).collect();
-                let values = partition.get(&mine).await.map_err(status_of)?;
-                total += values.iter().flatten().map(Bytes::len).sum::<usize>();
-                validate::answer_bytes(total, keys.len())?;
-                for (&index, value) in chunk.iter().zip(values) {
-                    out[index] = value;
-                }
+            let share = mine.iter().map(|&i| keys[i].clone()).collect();
+            shares.push(partition.read_share(share).map_err(status_of)?);
+            indices.push(mine);
+        }
+        let values = cairn_worker::read_shares(shares, CHUNK, BATCH_BYTES_MAX)
+            .await
+            .map_err(status_of)?;
+        let mut out = vec![None; keys.len()];
+        for (mine, values) in indices.into_iter().zip(values) {
+            for (index, value) in mine.into_iter().zip(values) {
+                out[index] = value;
             }
         }
         Ok(out)

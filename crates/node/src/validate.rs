@@ -65,17 +65,6 @@ pub fn batch_bytes(total: usize) -> Result<(), Status> {
     Ok(())
 }
 
-/// A get's answer carries at most as many value bytes as a request may: `so_far` is what the
-/// values read up to now add up to.
-pub fn answer_bytes(so_far: usize, keys: usize) -> Result<(), Status> {
-    if so_far > BATCH_BYTES_MAX {
-        return Err(Status::invalid_argument(format!(
-            "the values of these {keys} keys add up to more than {BATCH_BYTES_MAX} bytes, the limit for one answer; split the request and ask for fewer keys at a time"
-        )));
-    }
-    Ok(())
-}
-
 /// Insert-if-absent stores its one value under every key, so the bound counts it once per key.
 pub fn insert_if_absent_bytes(keys: &[Bytes], value_len: usize) -> Result<(), Status> {
     let key_bytes: usize = keys.iter().map(|k| k.len()).sum();

@@ -16,7 +16,7 @@ mod snapshot;
 pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus};
+pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus, ReadShare, read_shares};
 pub use processor::Outcome;
 pub use restore::{
     RestoreFailure, RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore,
@@ -114,6 +114,12 @@ pub enum Error {
         applied: Lsn,
         tail: Lsn,
     },
+    /// A read's values add up to more than one answer may carry; it stopped there.
+    #[error(
+        "the values of these {keys} keys add up to more than {bytes_max} bytes, the limit for \
+         one answer; split the request and ask for fewer keys at a time"
+    )]
+    AnswerTooLarge { keys: usize, bytes_max: usize },
     /// The disk holding the partition store is full: the store refuses writes until there is
     /// room again. The partition keeps serving reads, and applies its log and accepts writes
     /// again by itself once RocksDB resumes.

@@ -299,23 +299,22 @@ impl Partition {
     /// Current values of `keys` (`None` for absent or expired), read from the leader's store in
     /// one batched lookup on a blocking thread.
     pub async fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
+        let share = self.read_share(keys.to_vec())?;
+        let mut values = read_shares(vec![share], keys.len(), usize::MAX).await?;
+        Ok(values.pop().unwrap_or_default())
+    }
+
+    /// This partition's share of a read of `keys`: checked to be served here now, with the
+    /// partition time that decides which values have expired. Read it with [`read_shares`],
+    /// together with other partitions' shares.
+    pub fn read_share(&self, keys: Vec<Bytes>) -> Result<ReadShare> {
         self.serving_epoch()?;
-        let now = self.clock.now_ms();
-        let store = self.store.clone();
-        let keys = keys.to_vec();
-        let id = self.id();
-        let values = tokio::task::spawn_blocking(move || store.multi_get(&keys))
-            .await
-            .map_err(|err| Error::Storage {
-                partition: id,
-                context: "read keys",
-                source: err.into(),
-            })?
-            .map_err(|err| store_error(id, "read keys", err))?;
-        Ok(values
-            .into_iter()
-            .map(|value| value.filter(|v| v.is_live_at(now)).map(|v| v.value))
-            .collect())
+        Ok(ReadShare {
+            partition: self.id(),
+            store: self.store.clone(),
+            now_ms: self.clock.now_ms(),
+            keys,
+        })
     }
 
     /// Trims the log up to `up_to`. Refuses to trim past what this partition has applied, since
@@ -498,6 +497,64 @@ impl Partition {
             }),
         }
     }
+}
+
+/// One partition's keys of a read, from [`Partition::read_share`].
+pub struct ReadShare {
+    partition: PartitionId,
+    store: PartitionStore,
+    now_ms: u64,
+    keys: Vec<Bytes>,
+}
+
+/// Each share's values (`None` for absent or expired), in the order of its keys. Reads them all
+/// in one trip to a blocking thread (a request's keys span many partitions; a trip per partition
+/// costs more than the lookups), `chunk` keys per lookup, and refuses the read with
+/// [`Error::AnswerTooLarge`] once the values add up to more than `bytes_max`: at most one chunk's
+/// values past the bound are ever held.
+pub async fn read_shares(
+    shares: Vec<ReadShare>,
+    chunk: usize,
+    bytes_max: usize,
+) -> Result<Vec<Vec<Option<Bytes>>>> {
+    let Some(first) = shares.first().map(|share| share.partition) else {
+        return Ok(Vec::new());
+    };
+    let key_count: usize = shares.iter().map(|share| share.keys.len()).sum();
+    tokio::task::spawn_blocking(move || {
+        let mut total = 0usize;
+        let mut all = Vec::with_capacity(shares.len());
+        for share in shares {
+            let mut values = Vec::with_capacity(share.keys.len());
+            for keys in share.keys.chunks(chunk.max(1)) {
+                let read = share
+                    .store
+                    .multi_get(keys)
+                    .map_err(|err| store_error(share.partition, "read keys", err))?;
+                for value in read {
+                    let value = value
+                        .filter(|v| v.is_live_at(share.now_ms))
+                        .map(|v| v.value);
+                    total = total.saturating_add(value.as_ref().map_or(0, Bytes::len));
+                    values.push(value);
+                }
+                if total > bytes_max {
+                    return Err(Error::AnswerTooLarge {
+                        keys: key_count,
+                        bytes_max,
+                    });
+                }
+            }
+            all.push(values);
+        }
+        Ok(all)
+    })
+    .await
+    .map_err(|err| Error::Storage {
+        partition: first,
+        context: "read keys",
+        source: err.into(),
+    })?
 }
 
 struct Unregister<'a> {
