@@ -347,6 +347,36 @@ impl PartitionStore {
             .collect()
     }
 
+    /// [`multi_get`](Self::multi_get) from what RocksDB holds in memory only (memtables, block
+    /// cache, open tables' filters and indexes): `None` as soon as a key would need a disk read.
+    /// It never waits for I/O, so an async task may call it for a few keys.
+    pub fn multi_get_cached<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+    ) -> Result<Option<Vec<Option<StoredValue>>>> {
+        let cf = self.cf()?;
+        let data_keys: Vec<Vec<u8>> = keys.iter().map(|k| keys::data_key(k.as_ref())).collect();
+        let mut options = rust_rocksdb::ReadOptions::default();
+        options.set_read_tier(rust_rocksdb::ReadTier::BlockCache);
+        let mut values = Vec::with_capacity(keys.len());
+        for raw in self
+            .db
+            .batched_multi_get_cf_opt(&cf, &data_keys, false, &options)
+        {
+            match raw {
+                Ok(raw) => values.push(raw.map(|raw| self.decode_stored(&raw)).transpose()?),
+                Err(e) if e.kind() == rust_rocksdb::ErrorKind::Incomplete => return Ok(None),
+                Err(source) => {
+                    return Err(Error::RocksDb {
+                        context: "read",
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(Some(values))
+    }
+
     fn decode_stored(&self, raw: &[u8]) -> Result<StoredValue> {
         let (expires_at_ms, value) = keys::decode_value(raw).map_err(|detail| Error::Corrupt {
             partition: self.id,
@@ -571,6 +601,37 @@ mod tests {
         assert!(v2.is_live_at(999));
         assert!(!v2.is_live_at(1_000));
         assert_eq!(store.get(b"k3").unwrap(), None);
+    }
+
+    #[test]
+    fn a_cached_read_answers_from_memory_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let manager = open(dir.path());
+            let store = manager.open_or_create_partition(PartitionId(1)).unwrap();
+            let mut batch = store.write_batch();
+            batch.put(b"on-disk", b"v1", None);
+            store.commit(batch).unwrap();
+            store.flush().unwrap();
+            let mut batch = store.write_batch();
+            batch.put(b"in-memtable", b"v2", Some(1_000));
+            store.commit(batch).unwrap();
+            let read = store
+                .multi_get_cached(&[&b"in-memtable"[..], b"absent"])
+                .unwrap()
+                .expect("the memtable is memory");
+            assert_eq!(&read[0].as_ref().unwrap().value[..], b"v2");
+            assert_eq!(read[0].as_ref().unwrap().expires_at_ms, Some(1_000));
+            assert_eq!(read[1], None);
+        }
+        // Reopened: the flushed key is on disk only, until a read brings its block into the cache.
+        let manager = open(dir.path());
+        let store = manager.partition(PartitionId(1)).unwrap();
+        assert_eq!(store.multi_get_cached(&[b"on-disk"]).unwrap(), None);
+        let read = store.multi_get(&[b"on-disk"]).unwrap();
+        assert_eq!(&read[0].as_ref().unwrap().value[..], b"v1");
+        let cached = store.multi_get_cached(&[b"on-disk"]).unwrap();
+        assert_eq!(cached, Some(read));
     }
 
     #[test]

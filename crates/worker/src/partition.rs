@@ -507,6 +507,48 @@ pub struct ReadShare {
     keys: Vec<Bytes>,
 }
 
+/// Reads of up to this many keys first try what the store holds in memory, on the caller's task:
+/// a trip to a blocking thread costs more than such a lookup.
+const CACHED_READ_KEYS_MAX: usize = 128;
+
+/// [`read_shares`] from memory only: `None` if a key would need a disk read.
+fn read_cached(
+    shares: &[ReadShare],
+    key_count: usize,
+    chunk: usize,
+    bytes_max: usize,
+) -> Result<Option<Vec<Vec<Option<Bytes>>>>> {
+    let mut total = 0usize;
+    let mut all = Vec::with_capacity(shares.len());
+    for share in shares {
+        let mut values = Vec::with_capacity(share.keys.len());
+        for keys in share.keys.chunks(chunk.max(1)) {
+            let Some(read) = share
+                .store
+                .multi_get_cached(keys)
+                .map_err(|err| store_error(share.partition, "read keys", err))?
+            else {
+                return Ok(None);
+            };
+            for value in read {
+                let value = value
+                    .filter(|v| v.is_live_at(share.now_ms))
+                    .map(|v| v.value);
+                total = total.saturating_add(value.as_ref().map_or(0, Bytes::len));
+                values.push(value);
+            }
+            if total > bytes_max {
+                return Err(Error::AnswerTooLarge {
+                    keys: key_count,
+                    bytes_max,
+                });
+            }
+        }
+        all.push(values);
+    }
+    Ok(Some(all))
+}
+
 /// Each share's values (`None` for absent or expired), in the order of its keys. Reads them all
 /// in one trip to a blocking thread (a request's keys span many partitions; a trip per partition
 /// costs more than the lookups), `chunk` keys per lookup, and refuses the read with
@@ -521,6 +563,11 @@ pub async fn read_shares(
         return Ok(Vec::new());
     };
     let key_count: usize = shares.iter().map(|share| share.keys.len()).sum();
+    if key_count <= CACHED_READ_KEYS_MAX
+        && let Some(values) = read_cached(&shares, key_count, chunk, bytes_max)?
+    {
+        return Ok(values);
+    }
     tokio::task::spawn_blocking(move || {
         let mut total = 0usize;
         let mut all = Vec::with_capacity(shares.len());
