@@ -308,13 +308,25 @@ async fn a_preallocated_segment_reopens_at_its_last_record() {
         let provider = provider(dir.path(), options.clone());
         let log = provider.open_local(LogId(1)).await.expect("open");
         append_records(&log, 1, 5).await;
+        assert_eq!(
+            fs::metadata(&segment).expect("segment").len(),
+            options.segment_bytes_max,
+            "the segment's space is allocated up front"
+        );
+        assert_eq!(written_len(&segment), 5 * RECORD_BYTES as u64);
     }
     assert_eq!(
         fs::metadata(&segment).expect("segment").len(),
-        options.segment_bytes_max,
-        "the segment's space is allocated up front"
+        5 * RECORD_BYTES as u64,
+        "a stopped log takes the room of its records"
     );
-    assert_eq!(written_len(&segment), 5 * RECORD_BYTES as u64);
+    // As a crash leaves it: the zeros of the preallocated space after the last record.
+    OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .expect("segment")
+        .set_len(options.segment_bytes_max)
+        .expect("extend with zeros");
     for round in 0..2u64 {
         let provider = provider(dir.path(), options.clone());
         let log = provider.open_local(LogId(1)).await.expect("reopen");
@@ -390,23 +402,23 @@ async fn a_finished_segment_is_cut_to_its_records() {
         let provider = provider(dir.path(), options.clone());
         let log = provider.open_local(LogId(1)).await.expect("open");
         append_records(&log, 1, 10).await;
-    }
-    assert_eq!(segment_names(dir.path()), names(&[1, 2, 3]));
-    for seq in [1, 2] {
+        assert_eq!(segment_names(dir.path()), names(&[1, 2, 3]));
+        for seq in [1, 2] {
+            assert_eq!(
+                fs::metadata(segment_path(dir.path(), seq))
+                    .expect("segment")
+                    .len(),
+                4 * RECORD_BYTES as u64,
+                "segment {seq} ends with its last record"
+            );
+        }
+        let last = segment_path(dir.path(), 3);
         assert_eq!(
-            fs::metadata(segment_path(dir.path(), seq))
-                .expect("segment")
-                .len(),
-            4 * RECORD_BYTES as u64,
-            "segment {seq} ends with its last record"
+            fs::metadata(&last).expect("segment").len(),
+            options.segment_bytes_max
         );
+        assert_eq!(written_len(&last), 2 * RECORD_BYTES as u64);
     }
-    let last = segment_path(dir.path(), 3);
-    assert_eq!(
-        fs::metadata(&last).expect("segment").len(),
-        options.segment_bytes_max
-    );
-    assert_eq!(written_len(&last), 2 * RECORD_BYTES as u64);
     let provider = provider(dir.path(), options);
     let log = provider.open_local(LogId(1)).await.expect("reopen");
     assert_log_holds(&log, 10).await;

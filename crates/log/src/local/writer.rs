@@ -149,6 +149,25 @@ impl Writer {
             self.syncers.wait();
             self.settle();
         }
+        // A stopped log's files take the room of what they hold, not of what the newest one was
+        // given up front; the next start gives it that room again.
+        if let Some(active) = &self.active
+            && self.failed.is_none()
+        {
+            let cut = active.file.set_len(active.written).and_then(|()| {
+                if self.shared.options.fsync {
+                    active.file.sync_all()
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(error) = cut {
+                tracing::warn!(
+                    dir = %self.shared.wal_dir.display(), %error,
+                    "cannot cut the newest log segment to its records at shutdown; the next start reads past its zeros"
+                );
+            }
+        }
     }
 
     /// Takes `first` and whatever else is queued, up to the batch limits.
