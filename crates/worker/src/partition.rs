@@ -4,7 +4,7 @@ use crate::processor::{ExportRequest, Outcome, Processor, log_error, store_error
 use crate::{Clock, Error, Result};
 use bytes::Bytes;
 use cairn_log::{LogState, Loglet};
-use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore};
+use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, StoredValue};
 use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry};
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use std::collections::HashMap;
@@ -511,21 +511,24 @@ pub struct ReadShare {
 /// a trip to a blocking thread costs more than such a lookup.
 const CACHED_READ_KEYS_MAX: usize = 128;
 
-/// [`read_shares`] from memory only: `None` if a key would need a disk read.
-fn read_cached(
+/// The values of every share, `chunk` keys per `lookup` call; `None` as soon as `lookup` gives
+/// up on a chunk (a cached read that would need the disk).
+fn read_with(
     shares: &[ReadShare],
     key_count: usize,
     chunk: usize,
     bytes_max: usize,
+    lookup: impl Fn(
+        &PartitionStore,
+        &[Bytes],
+    ) -> cairn_partition_store::Result<Option<Vec<Option<StoredValue>>>>,
 ) -> Result<Option<Vec<Vec<Option<Bytes>>>>> {
     let mut total = 0usize;
     let mut all = Vec::with_capacity(shares.len());
     for share in shares {
         let mut values = Vec::with_capacity(share.keys.len());
         for keys in share.keys.chunks(chunk.max(1)) {
-            let Some(read) = share
-                .store
-                .multi_get_cached(keys)
+            let Some(read) = lookup(&share.store, keys)
                 .map_err(|err| store_error(share.partition, "read keys", err))?
             else {
                 return Ok(None);
@@ -564,37 +567,17 @@ pub async fn read_shares(
     };
     let key_count: usize = shares.iter().map(|share| share.keys.len()).sum();
     if key_count <= CACHED_READ_KEYS_MAX
-        && let Some(values) = read_cached(&shares, key_count, chunk, bytes_max)?
+        && let Some(values) = read_with(&shares, key_count, chunk, bytes_max, |store, keys| {
+            store.multi_get_cached(keys)
+        })?
     {
         return Ok(values);
     }
     tokio::task::spawn_blocking(move || {
-        let mut total = 0usize;
-        let mut all = Vec::with_capacity(shares.len());
-        for share in shares {
-            let mut values = Vec::with_capacity(share.keys.len());
-            for keys in share.keys.chunks(chunk.max(1)) {
-                let read = share
-                    .store
-                    .multi_get(keys)
-                    .map_err(|err| store_error(share.partition, "read keys", err))?;
-                for value in read {
-                    let value = value
-                        .filter(|v| v.is_live_at(share.now_ms))
-                        .map(|v| v.value);
-                    total = total.saturating_add(value.as_ref().map_or(0, Bytes::len));
-                    values.push(value);
-                }
-                if total > bytes_max {
-                    return Err(Error::AnswerTooLarge {
-                        keys: key_count,
-                        bytes_max,
-                    });
-                }
-            }
-            all.push(values);
-        }
-        Ok(all)
+        read_with(&shares, key_count, chunk, bytes_max, |store, keys| {
+            store.multi_get(keys).map(Some)
+        })
+        .map(|values| values.unwrap_or_default())
     })
     .await
     .map_err(|err| Error::Storage {
