@@ -3,9 +3,9 @@
 //! insert-if-absent, get of 1 key and of `--batch` keys) through a Cairn node of its own (gRPC on
 //! loopback, log fsync, RocksDB apply) and, when `redis-server` is installed, through a Redis of
 //! its own that fsyncs every write (`appendfsync always`), with the same clients and shapes; beside
-//! raw RocksDB doing synced batched writes (keys in client order and in hash order). Prints keys/s
-//! and p50/p99 latency per request for each, and the ratios Cairn/Redis and batched put Cairn/raw
-//! RocksDB.
+//! the batched put, raw RocksDB doing synced batched writes (keys in client order and in hash
+//! order). Prints keys/s and p50/p99 latency per request for each, and the ratios Cairn/Redis and
+//! batched put Cairn/raw RocksDB.
 //!
 //! Run: `cargo build --release --workspace && $CARGO_TARGET_DIR/release/cairn-bench
 //! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100]`
@@ -114,14 +114,15 @@ fn main() -> anyhow::Result<()> {
         args.clients, args.batch, args.value_bytes, args.seconds, args.rounds, args.partitions
     );
     let (cairn, redis, raw) = runtime.block_on(run_rounds(&args))?;
-    print_report(&args, &cairn, &redis, &raw);
+    print_report(&args, &cairn, &redis, raw.as_ref());
     Ok(())
 }
 
-/// Runs every workload `--rounds` times, interleaved (raw RocksDB, then each workload on Cairn
-/// and right after on Redis), so that a noisy moment of the machine hits both sides alike.
+/// Runs every workload `--rounds` times, interleaved (raw RocksDB if the batched put runs, then
+/// each workload on Cairn and right after on Redis), so that a noisy moment of the machine hits
+/// both sides alike.
 /// Returns, per workload, the round of median throughput of each side.
-async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, [Figures; 2])> {
+async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Option<[Figures; 2]>)> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
     progress("Redis: starting a server");
@@ -152,11 +153,8 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, [Fig
         )),
     };
     let [client_order, hash_order] = raw;
-    Ok((
-        cairn.into_iter().map(median).collect(),
-        redis,
-        [median(client_order), median(hash_order)],
-    ))
+    let raw = (!client_order.is_empty()).then(|| [median(client_order), median(hash_order)]);
+    Ok((cairn.into_iter().map(median).collect(), redis, raw))
 }
 
 /// Per workload, every round's figures of Cairn and of Redis (none without Redis); and raw
@@ -181,6 +179,8 @@ async fn interleave(
         None => None,
     };
 
+    // Raw RocksDB is the batched put's baseline: it runs only beside that workload.
+    let with_raw = args.workloads.contains(&Workload::PutBatch);
     let mut raw: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
     let mut cairn: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
     let mut redis: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
@@ -189,6 +189,7 @@ async fn interleave(
         for (order, runs) in [KeyOrder::Client, KeyOrder::Hashed]
             .into_iter()
             .zip(&mut raw)
+            .filter(|_| with_raw)
         {
             progress(&format!(
                 "{of}: raw RocksDB, synced batches, {}",
@@ -239,7 +240,7 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &[Figures; 2]) {
+fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: Option<&[Figures; 2]>) {
     match redis {
         RedisRun::Ran { version, .. } => println!(
             "Redis {version}: its own server on loopback, appendonly yes, appendfsync always; \
@@ -276,6 +277,9 @@ fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: &[Figures
             columns(&cairn[i])
         );
     }
+    let Some(raw) = raw else {
+        return;
+    };
     for (order, figures) in [KeyOrder::Client, KeyOrder::Hashed].into_iter().zip(raw) {
         println!(
             "{:<34} {}",
