@@ -19,17 +19,25 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
 const CHILD_DIR: &str = "CAIRN_LOG_SIGKILL_CHILD_DIR";
+/// Set for a child whose syncs overlap; unset, it runs with the default sync settings, under
+/// which the writer syncs by itself on a fast disk.
+const CHILD_OVERLAPS: &str = "CAIRN_LOG_SIGKILL_CHILD_OVERLAPS";
 const TEST_NAME: &str = "acknowledged_records_survive_sigkill_during_shared_commits";
 const LOGS: u16 = 16;
 const APPENDERS: u64 = 32;
 const ROUNDS: usize = 5;
 
-fn options() -> LocalLogOptions {
+fn options(overlapping: bool) -> LocalLogOptions {
+    let defaults = LocalLogOptions::default();
     LocalLogOptions {
         segment_bytes_max: 8 << 20,
         // Overlapping syncs whenever there is something to sync: the kill meets them too.
-        sync_overlap_after: Duration::ZERO,
-        ..Default::default()
+        sync_overlap_after: if overlapping {
+            Duration::ZERO
+        } else {
+            defaults.sync_overlap_after
+        },
+        ..defaults
     }
 }
 
@@ -69,7 +77,8 @@ fn child(dir: &str) {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let provider = LocalLogProvider::open(dir, options()).expect("open provider");
+        let overlapping = std::env::var_os(CHILD_OVERLAPS).is_some();
+        let provider = LocalLogProvider::open(dir, options(overlapping)).expect("open provider");
         let pid = u64::from(std::process::id());
         let mut tasks = Vec::new();
         for task in 0..APPENDERS {
@@ -118,10 +127,14 @@ impl Drop for Killed {
 
 /// Runs one child, kills it (SIGKILL) a random moment after its first acknowledgement and
 /// returns every acknowledged (log, lsn, seed) it printed in full.
-fn run_and_kill(dir: &Path, delay: Duration) -> Vec<(u16, u64, u64)> {
+fn run_and_kill(dir: &Path, delay: Duration, overlapping: bool) -> Vec<(u16, u64, u64)> {
     let exe = std::env::current_exe().expect("test binary");
+    let mut command = Command::new(exe);
+    if overlapping {
+        command.env(CHILD_OVERLAPS, "1");
+    }
     let mut child = Killed(
-        Command::new(exe)
+        command
             .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_DIR, dir)
             .stdout(Stdio::piped())
@@ -161,7 +174,7 @@ fn run_and_kill(dir: &Path, delay: Duration) -> Vec<(u16, u64, u64)> {
 /// Reopens the logs and checks them against what was acknowledged; then trims each log to about
 /// two thirds of its tail and forgets what that trimmed. Returns how many records it read.
 async fn check_and_trim(dir: &Path, acknowledged: &mut BTreeMap<(u16, u64), u64>) -> usize {
-    let provider = LocalLogProvider::open(dir, options()).expect("reopen after SIGKILL");
+    let provider = LocalLogProvider::open(dir, options(false)).expect("reopen after SIGKILL");
     let mut read = 0;
     for log_id in 1..=LOGS {
         let log = provider.open_local(LogId(log_id)).await.expect("open log");
@@ -223,7 +236,9 @@ fn acknowledged_records_survive_sigkill_during_shared_commits() {
     for round in 0..ROUNDS {
         random = splitmix(random);
         let delay = Duration::from_millis(50 + random % 700);
-        let printed = run_and_kill(dir.path(), delay);
+        // Rounds alternate between the writer syncing by itself and overlapping syncs.
+        let overlapping = round % 2 == 1;
+        let printed = run_and_kill(dir.path(), delay, overlapping);
         assert!(!printed.is_empty());
         for (log, lsn, seed) in &printed {
             if let Some(earlier) = acknowledged.insert((*log, *lsn), *seed) {
@@ -232,8 +247,8 @@ fn acknowledged_records_survive_sigkill_during_shared_commits() {
         }
         let read = runtime.block_on(check_and_trim(dir.path(), &mut acknowledged));
         eprintln!(
-            "round {round}: killed after {delay:?}, {} acknowledged records this round, {read} \
-             records read back",
+            "round {round} (overlapping syncs: {overlapping}): killed after {delay:?}, {} \
+             acknowledged records this round, {read} records read back",
             printed.len()
         );
     }
