@@ -204,14 +204,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
             let s3 = Arc::new(SnapshotRepository::open(
                 &format!("s3://{BUCKET}/cairn"),
                 cluster(),
-                RepositoryOptions {
-                    endpoint_url: Some(moto.endpoint()),
-                    region: Some("us-east-1".into()),
-                    allow_http: true,
-                    access_key_id: Some("testing".into()),
-                    secret_access_key: Some("testing".into()),
-                    ..repository_options.clone()
-                },
+                moto.repository_options(repository_options.clone()),
             )?);
             let local = Arc::new(SnapshotRepository::open(
                 local_path.to_str().context("work folder is not UTF-8")?,

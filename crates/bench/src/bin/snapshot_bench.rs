@@ -158,14 +158,7 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let s3 = SnapshotRepository::open(
         &format!("s3://{BUCKET}/cairn"),
         cluster(),
-        RepositoryOptions {
-            endpoint_url: Some(moto.endpoint()),
-            region: Some("us-east-1".into()),
-            allow_http: true,
-            access_key_id: Some("testing".into()),
-            secret_access_key: Some("testing".into()),
-            ..repository_options.clone()
-        },
+        moto.repository_options(repository_options.clone()),
     )?;
     let local_path = root.join("local-repository");
     let local = SnapshotRepository::open(

@@ -89,6 +89,18 @@ impl MotoServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// `base` pointed at this server, with the fixed credentials moto accepts.
+    pub fn repository_options(&self, base: crate::RepositoryOptions) -> crate::RepositoryOptions {
+        crate::RepositoryOptions {
+            endpoint_url: Some(self.endpoint()),
+            region: Some("us-east-1".into()),
+            allow_http: true,
+            access_key_id: Some("testing".into()),
+            secret_access_key: Some("testing".into()),
+            ..base
+        }
+    }
+
     fn wait_until_it_answers(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

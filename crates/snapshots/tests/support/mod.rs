@@ -117,14 +117,7 @@ pub fn repository_for(
         Backend::S3 => {
             let server = moto::server();
             let bucket = server.create_bucket();
-            let options = RepositoryOptions {
-                endpoint_url: Some(server.endpoint()),
-                region: Some("us-east-1".into()),
-                allow_http: true,
-                access_key_id: Some("testing".into()),
-                secret_access_key: Some("testing".into()),
-                ..options
-            };
+            let options = server.repository_options(options);
             let destination = format!("s3://{bucket}/cluster/one");
             let repo = SnapshotRepository::open(&destination, cluster, options.clone()).unwrap();
             TestRepo {
