@@ -155,6 +155,13 @@ async fn append_records(log: &LocalLoglet, first: u64, last: u64) {
     append_records_of(log, first, last).await
 }
 
+/// Opens the logs in `dir`, appends records 1..=`last` to log 1 and closes them.
+async fn write_log_1(dir: &Path, options: LocalLogOptions, last: u64) {
+    let provider = provider(dir, options);
+    let log = provider.open_local(LogId(1)).await.expect("open");
+    append_records(&log, 1, last).await;
+}
+
 /// A segment's bytes up to the end of its last record, without the zeros of the space it was
 /// given up front. (Test records never end in a zero byte.)
 fn written_bytes(segment: &Path) -> Vec<u8> {
@@ -260,11 +267,7 @@ async fn reopening_keeps_records_tail_and_trim_point() {
 async fn a_torn_tail_is_cut_and_appends_continue_after_it() {
     let dir = TempDir::new().expect("temporary directory");
     let segment = segment_path(dir.path(), 1);
-    {
-        let provider = provider(dir.path(), LocalLogOptions::default());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 5).await;
-    }
+    write_log_1(dir.path(), LocalLogOptions::default(), 5).await;
     let intact_len = written_len(&segment);
 
     // A crash in the middle of writing record 6: a complete header, half of the payload.
@@ -341,11 +344,7 @@ async fn a_preallocated_segment_reopens_at_its_last_record() {
 async fn a_torn_write_into_preallocated_space_is_cut() {
     let dir = TempDir::new().expect("temporary directory");
     let segment = segment_path(dir.path(), 1);
-    {
-        let provider = provider(dir.path(), LocalLogOptions::default());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 5).await;
-    }
+    write_log_1(dir.path(), LocalLogOptions::default(), 5).await;
     // Half of record 6 reached the disk; the zeros of the preallocated space follow it.
     let mut torn = Vec::new();
     encode_record(&mut torn, 1, 6, &record(6));
@@ -427,11 +426,7 @@ async fn a_finished_segment_is_cut_to_its_records() {
 #[tokio::test]
 async fn damage_in_an_older_segment_is_corruption() {
     let dir = TempDir::new().expect("temporary directory");
-    {
-        let provider = provider(dir.path(), tiny_segments());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 10).await;
-    }
+    write_log_1(dir.path(), tiny_segments(), 10).await;
     let first = segment_path(dir.path(), 1);
     let mut bytes = written_bytes(&first);
     // The payload of the segment's last record (LSN 4): nothing valid follows in the segment.
@@ -454,11 +449,7 @@ async fn reopen_after_damage(
 ) -> (Result<Arc<LocalLoglet>>, u64) {
     let dir = TempDir::new().expect("temporary directory");
     let segment = segment_path(dir.path(), 1);
-    {
-        let provider = provider(dir.path(), LocalLogOptions::default());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 10).await;
-    }
+    write_log_1(dir.path(), LocalLogOptions::default(), 10).await;
     let mut bytes = written_bytes(&segment);
     let offsets: Vec<usize> = (0..10).map(|i| i * RECORD_BYTES).collect();
     damage(&mut bytes, &offsets);
@@ -688,11 +679,7 @@ async fn segments_roll_and_trimming_deletes_whole_segments() {
 #[tokio::test]
 async fn recovery_finishes_a_trim_that_crashed_before_deleting() {
     let dir = TempDir::new().expect("temporary directory");
-    {
-        let provider = provider(dir.path(), tiny_segments());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 20).await;
-    }
+    write_log_1(dir.path(), tiny_segments(), 20).await;
     // The trim point reached the disk, the deletions did not.
     let log_dir = dir.path().join("1");
     write_trim_point(&log_dir, 13, true).expect("write trim point");
@@ -1319,11 +1306,7 @@ async fn many_appenders_on_a_slow_disk_never_stall_the_writer() {
 #[tokio::test]
 async fn an_empty_newest_segment_and_stray_files_are_handled() {
     let dir = TempDir::new().expect("temporary directory");
-    {
-        let provider = provider(dir.path(), tiny_segments());
-        let log = provider.open_local(LogId(1)).await.expect("open");
-        append_records(&log, 1, 6).await;
-    }
+    write_log_1(dir.path(), tiny_segments(), 6).await;
     let segments = segment_names(dir.path());
     assert_eq!(segments, names(&[1, 2]));
     // As a crash right after starting segment 3 leaves them: segment 2 cut to its records (and
