@@ -169,12 +169,16 @@ pub(super) fn valid_record_after(
     Ok(None)
 }
 
-/// Gives `file` at least `len` bytes of allocated space, zeros where nothing was written, so that
-/// later writes below `len` change no metadata. Best effort: on failure (a file system without
-/// `fallocate`, a full disk) the file grows as it is written, as it would have anyway.
-pub(super) fn preallocate(file: &File, len: u64) {
+/// With `options.preallocate`, gives the segment `file` `segment_bytes_max` bytes of allocated
+/// space, zeros where nothing was written, so that later writes below that change no metadata.
+/// Best effort: on failure (a file system without `fallocate`, a full disk) the file grows as it
+/// is written, as it would have anyway.
+pub(super) fn preallocate(file: &File, options: &super::LocalLogOptions) {
     use std::os::fd::AsRawFd;
-    let Ok(len) = libc::off_t::try_from(len) else {
+    if !options.preallocate {
+        return;
+    }
+    let Ok(len) = libc::off_t::try_from(options.segment_bytes_max) else {
         return;
     };
     // SAFETY: `file` owns a valid descriptor for the duration of the call; mode 0 only allocates

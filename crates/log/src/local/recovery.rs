@@ -277,9 +277,7 @@ impl Scan {
             .write(true)
             .open(&segment.path)
             .map_err(io_context("opening for writing", &segment.path))?;
-        if options.preallocate {
-            preallocate(&file, options.segment_bytes_max);
-        }
+        preallocate(&file, options);
         Ok(Some(Active {
             seq,
             file: Arc::new(file),

@@ -54,8 +54,7 @@ pub(super) struct Syncers {
     next_id: u64,
     /// How long the last sync that finished took; `None` before the first.
     last_took: Option<Duration>,
-    /// Syncs that take less than this run on the writer's thread when none is in flight.
-    inline_below: Duration,
+    shared: Arc<CoreShared>,
 }
 
 impl Syncers {
@@ -63,7 +62,6 @@ impl Syncers {
     /// so that the syncers never keep the writer's queue open).
     pub fn start(
         count: usize,
-        inline_below: Duration,
         shared: &Arc<CoreShared>,
         wake: mpsc::WeakSender<Request>,
     ) -> io::Result<Syncers> {
@@ -103,7 +101,7 @@ impl Syncers {
             started: VecDeque::new(),
             next_id: 0,
             last_took: None,
-            inline_below,
+            shared: shared.clone(),
         })
     }
 
@@ -121,14 +119,14 @@ impl Syncers {
     /// flight, it runs right here: handing it to a syncer thread and being woken by it would cost
     /// two thread switches, more than the sync itself; meanwhile new appends queue up for the
     /// next commit, as they would anyway. Its result is settled like any other.
-    pub fn start_sync(&mut self, shared: &CoreShared, file: Arc<File>, covers: u64) -> bool {
+    pub fn start_sync(&mut self, file: Arc<File>, covers: u64) -> bool {
         let id = self.next_id;
         self.next_id += 1;
-        let inline =
-            self.started.is_empty() && self.last_took.is_some_and(|t| t < self.inline_below);
+        let inline_below = self.shared.options.sync_overlap_after;
+        let inline = self.started.is_empty() && self.last_took.is_some_and(|t| t < inline_below);
         if inline {
             let at = Instant::now();
-            let result = sync(shared, &file);
+            let result = sync(&self.shared, &file);
             self.results.done.lock().push((id, result, at.elapsed()));
         } else {
             let job = Job { id, file };

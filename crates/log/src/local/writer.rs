@@ -112,7 +112,7 @@ impl Writer {
         };
         Ok(Writer {
             deleter: Deleter::start()?,
-            syncers: Syncers::start(syncers, shared.options.sync_overlap_after, &shared, wake)?,
+            syncers: Syncers::start(syncers, &shared, wake)?,
             shared,
             queue,
             segments: disk.segments,
@@ -151,23 +151,27 @@ impl Writer {
         }
         // A stopped log's files take the room of what they hold, not of what the newest one was
         // given up front; the next start gives it that room again.
-        if let Some(active) = &self.active
-            && self.failed.is_none()
+        if self.failed.is_none()
+            && let Err(error) = self.cut_active_to_records()
         {
-            let cut = active.file.set_len(active.written).and_then(|()| {
-                if self.shared.options.fsync {
-                    active.file.sync_all()
-                } else {
-                    Ok(())
-                }
-            });
-            if let Err(error) = cut {
-                tracing::warn!(
-                    dir = %self.shared.wal_dir.display(), %error,
-                    "cannot cut the newest log segment to its records at shutdown; the next start reads past its zeros"
-                );
-            }
+            tracing::warn!(
+                dir = %self.shared.wal_dir.display(), %error,
+                "cannot cut the newest log segment to its records at shutdown; the next start reads past its zeros"
+            );
         }
+    }
+
+    /// Cuts the active segment to its records, dropping the zeros of its preallocated space, and
+    /// syncs its new size: `sync_all`, since `fdatasync` need not write a size that shrank.
+    fn cut_active_to_records(&self) -> io::Result<()> {
+        let Some(active) = &self.active else {
+            return Ok(());
+        };
+        active.file.set_len(active.written)?;
+        if self.shared.options.fsync {
+            active.file.sync_all()?;
+        }
+        Ok(())
     }
 
     /// Takes `first` and whatever else is queued, up to the batch limits.
@@ -282,7 +286,7 @@ impl Writer {
             .expect("a written commit has an active segment");
         let file = active.file.clone();
         self.covered = Some(last);
-        if self.syncers.start_sync(&self.shared, file, last) {
+        if self.syncers.start_sync(file, last) {
             self.take_settled();
         }
     }
@@ -407,9 +411,7 @@ impl Writer {
                 file.sync_data()
                     .map_err(|e| ("cutting a failed write from a segment", e))?;
             }
-            if self.shared.options.preallocate {
-                preallocate(&file, self.shared.options.segment_bytes_max);
-            }
+            preallocate(&file, &self.shared.options);
             self.active = Some(Active {
                 seq,
                 file: Arc::new(file),
@@ -555,20 +557,8 @@ impl Writer {
         // segment, so no older segment may ever end in unsynced bytes, nor in the zeros of its
         // preallocated space.
         self.flush()?;
-        if let Some(active) = &self.active {
-            active
-                .file
-                .set_len(active.written)
-                .map_err(|e| ("cutting a segment to its records", e))?;
-            // Its new size must be on disk before the next segment is: `sync_all`, not the
-            // `fdatasync` of `sync_active`, which need not write a size that shrank.
-            if self.shared.options.fsync {
-                active
-                    .file
-                    .sync_all()
-                    .map_err(|e| ("cutting a segment to its records", e))?;
-            }
-        }
+        self.cut_active_to_records()
+            .map_err(|e| ("cutting a segment to its records", e))?;
         self.sync_active()?;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -578,9 +568,7 @@ impl Writer {
             .create_new(true)
             .open(&path)
             .map_err(|e| ("creating a segment", e))?;
-        if self.shared.options.preallocate {
-            preallocate(&file, self.shared.options.segment_bytes_max);
-        }
+        preallocate(&file, &self.shared.options);
         let reader = match File::open(&path) {
             Ok(reader) => reader,
             Err(e) => {
