@@ -142,11 +142,15 @@ impl KeyValueService {
             .map_err(status_of)
     }
 
-    /// The values of `keys`, in request order, refused once they add up to more than a request
-    /// may carry: a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an
-    /// answer that no gRPC message can hold. Keys are read a few at a time, so no more than one
-    /// chunk's values past the bound are ever held; all partitions' keys in one blocking task.
-    async fn get_within_bound(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Status> {
+    /// The values of `keys`, in request order, refused once they add up to more than `bytes_max`:
+    /// a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an answer that
+    /// no gRPC message can hold. Keys are read a few at a time, so no more than one chunk's values
+    /// past the bound are ever held; all partitions' keys in one blocking task.
+    async fn read_within(
+        &self,
+        keys: &[Bytes],
+        bytes_max: usize,
+    ) -> Result<Vec<Option<Bytes>>, Status> {
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
@@ -158,7 +162,7 @@ impl KeyValueService {
             shares.push(partition.read_share(share).map_err(status_of)?);
             indices.push(mine);
         }
-        let values = cairn_worker::read_shares(shares, CHUNK, BATCH_BYTES_MAX)
+        let values = cairn_worker::read_shares(shares, CHUNK, bytes_max)
             .await
             .map_err(status_of)?;
         let mut out = vec![None; keys.len()];
@@ -235,7 +239,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::GetResponse>, Status> {
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let values = self.get_within_bound(&keys).await?;
+        let values = self.read_within(&keys, BATCH_BYTES_MAX).await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -268,16 +272,13 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::ExistsResponse>, Status> {
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let keys_ref = &keys;
+        // Only presence is answered, so no bound on the values read.
         let exists = self
-            .scatter(&keys, |partition, indices| async move {
-                let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
-                partition
-                    .get(&mine)
-                    .await
-                    .map(|values| values.into_iter().map(|v| v.is_some()).collect())
-            })
-            .await?;
+            .read_within(&keys, usize::MAX)
+            .await?
+            .into_iter()
+            .map(|value| value.is_some())
+            .collect();
         Ok(Response::new(v1::ExistsResponse { exists }))
     }
 

@@ -296,8 +296,8 @@ impl Partition {
         }
     }
 
-    /// Current values of `keys` (`None` for absent or expired), read from the leader's store in
-    /// one batched lookup on a blocking thread.
+    /// Current values of `keys` (`None` for absent or expired), read from the leader's store as
+    /// [`read_shares`] reads: from memory on this task when it can, else on a blocking thread.
     pub async fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
         let share = self.read_share(keys.to_vec())?;
         let mut values = read_shares(vec![share], keys.len(), usize::MAX).await?;
