@@ -70,6 +70,8 @@ pub enum LogProviderKind {
 pub struct PartitionStoreConfig {
     /// Block cache shared by all partitions, in bytes.
     pub block_cache_bytes: usize,
+    /// Memtable size of each partition, in bytes; up to two per partition are in memory at once.
+    pub write_buffer_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -194,6 +196,7 @@ impl Default for PartitionStoreConfig {
     fn default() -> Self {
         PartitionStoreConfig {
             block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
+            write_buffer_bytes: cairn_partition_store::StoreOptions::default().write_buffer_bytes,
         }
     }
 }
@@ -350,6 +353,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "log.segment-bytes is {}: it must be at least 1048576 (1 MiB)",
                 self.log.segment_bytes
+            )));
+        }
+        if self.partition_store.write_buffer_bytes < 1024 * 1024 {
+            return Err(ConfigError(format!(
+                "partition-store.write-buffer-bytes is {}: it must be at least 1048576 (1 MiB)",
+                self.partition_store.write_buffer_bytes
             )));
         }
         Ok(())
@@ -621,6 +630,15 @@ mod tests {
             jail.set_env("CAIRN_NODE_NAME", "bad name");
             let err = load(None).unwrap_err().to_string();
             assert!(err.contains("node-name"), "{err}");
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.set_env("CAIRN_PARTITION_STORE__WRITE_BUFFER_BYTES", "4096");
+            let err = load(None).unwrap_err().to_string();
+            assert!(
+                err.contains("partition-store.write-buffer-bytes") && err.contains("1048576"),
+                "{err}"
+            );
             Ok(())
         });
     }

@@ -397,6 +397,7 @@ async fn open_storage(
     };
     let store_options = StoreOptions {
         block_cache_bytes: config.partition_store.block_cache_bytes,
+        write_buffer_bytes: config.partition_store.write_buffer_bytes,
         ..StoreOptions::default()
     };
     let provider = config.log.provider;

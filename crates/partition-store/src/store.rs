@@ -18,6 +18,8 @@ pub struct StoreOptions {
     pub format_version: i32,
     /// Shared block cache for all partitions, in bytes.
     pub block_cache_bytes: usize,
+    /// Size of each partition's memtable before it is flushed, in bytes.
+    pub write_buffer_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -25,6 +27,10 @@ impl Default for StoreOptions {
         StoreOptions {
             format_version: 5,
             block_cache_bytes: 256 * 1024 * 1024,
+            // Keys arrive in hash order, so every insert searches the whole memtable: a small one
+            // keeps more of each search in the CPU's caches. With 16 partitions, RocksDB's 64 MiB
+            // default gave two-thirds of the batched put throughput over a minute of writing.
+            write_buffer_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -76,6 +82,11 @@ impl PartitionStoreManager {
         db_options
             .set_wal_recovery_mode(rust_rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
         db_options.increase_parallelism(2);
+        // Batches of several partitions that reach RocksDB together are inserted one after the
+        // other by one thread. Inserted concurrently, each insert would search its memtable's
+        // skip list from the top; one after the other, it starts from where the previous insert
+        // into that memtable ended. On two cores that was worth more than the parallelism.
+        db_options.set_allow_concurrent_memtable_write(false);
 
         let cf_options = column_family_options(options);
         let existing = if path.join("CURRENT").exists() {
@@ -218,6 +229,7 @@ fn column_family_options(options: &StoreOptions) -> Options {
     // (most of what insert-if-absent asks about) skips the search of its skip list, which, with
     // keys in hash order, costs a cache miss per level.
     cf.set_memtable_whole_key_filtering(true);
+    cf.set_write_buffer_size(options.write_buffer_bytes);
     cf.set_memtable_prefix_bloom_ratio(0.1);
     // LZ4 everywhere: fast, and readable by every RocksDB build that Debian ships.
     cf.set_compression_type(DBCompressionType::Lz4);
@@ -435,8 +447,13 @@ impl PartitionStore {
     /// Applies `batch` atomically. Not synced: see the crate's *Crash consistency*.
     pub fn commit(&self, batch: PartitionWriteBatch) -> Result<()> {
         let cf = self.cf()?;
+        let mut ops = batch.into_ops();
+        // In key order, each insert into the memtable's skip list starts its search from where
+        // the previous one ended rather than from the top. The sort is stable: the last write of
+        // a key still wins.
+        ops.sort_by(|a, b| a.key().cmp(b.key()));
         let mut rocks = WriteBatch::default();
-        for op in batch.into_ops() {
+        for op in ops {
             match op {
                 Op::Put(k, v) => rocks.put_cf(&cf, k, v),
                 Op::Delete(k) => rocks.delete_cf(&cf, k),
@@ -518,6 +535,14 @@ impl PartitionStore {
 enum Op {
     Put(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
+}
+
+impl Op {
+    fn key(&self) -> &[u8] {
+        match self {
+            Op::Put(key, _) | Op::Delete(key) => key,
+        }
+    }
 }
 
 /// Writes to one partition, applied together by [`PartitionStore::commit`].
@@ -710,6 +735,36 @@ mod tests {
             &imported.get(b"k2-99").unwrap().unwrap().value[..],
             &[2; 10]
         );
+    }
+
+    #[test]
+    fn the_last_write_of_a_key_in_a_batch_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let keys: Vec<Vec<u8>> = (0..50u32).map(|i| format!("k{i}").into_bytes()).collect();
+        let mut batch = store.write_batch();
+        for (i, key) in keys.iter().enumerate() {
+            batch.put(key, b"first", None);
+            if i % 2 == 0 {
+                batch.delete(key);
+            }
+        }
+        for key in keys.iter().rev().step_by(3) {
+            batch.put(key, b"last", None);
+        }
+        store.commit(batch).unwrap();
+
+        for (i, key) in keys.iter().enumerate() {
+            let rewritten = (keys.len() - 1 - i).is_multiple_of(3);
+            let expected: Option<&[u8]> = match (rewritten, i.is_multiple_of(2)) {
+                (true, _) => Some(b"last"),
+                (false, true) => None,
+                (false, false) => Some(b"first"),
+            };
+            let got = store.get(key).unwrap();
+            assert_eq!(got.as_ref().map(|v| &v.value[..]), expected, "key {i}");
+        }
     }
 
     #[test]
