@@ -174,6 +174,18 @@ fn parse_ttl(text: &str) -> anyhow::Result<Duration> {
 pub enum PartitionsCommand {
     /// List partitions with their key range, leader, epoch and LSNs
     List,
+    /// Show a partition with its store's size, its time and how much of it has expired
+    Describe {
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: u32,
+    },
+    /// Compact partition stores now, reclaiming the space of expired values (all partitions by
+    /// default; compactions do it by themselves over time)
+    Compact {
+        /// Only this partition
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: Option<u32>,
+    },
     /// Rebuild a partition's store from a snapshot, then replay its log
     Restore {
         #[arg(short = 'p', long = "partition-id")]

@@ -17,6 +17,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Kv(command) => kv(&client, global, command).await,
         Command::Partitions(PartitionsCommand::List) => partitions_list(&client, global).await,
+        Command::Partitions(PartitionsCommand::Describe { partition_id }) => {
+            partitions_describe(&client, partition_id).await
+        }
+        Command::Partitions(PartitionsCommand::Compact { partition_id }) => {
+            partitions_compact(&client, global, partition_id).await
+        }
         Command::Partitions(PartitionsCommand::Restore {
             partition_id,
             snapshot,
@@ -405,6 +411,134 @@ async fn logs_trim(
         response.trim_point, response.tail
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn partitions_describe(client: &Client, partition_id: u32) -> anyhow::Result<ExitCode> {
+    let response = client.describe_partition(partition_id).await?;
+    let p = response.partition.unwrap_or_default();
+    println!("partition        {}", p.partition_id);
+    println!(
+        "key range        {}..={}",
+        p.key_range_start, p.key_range_end
+    );
+    println!("status           {}", p.status);
+    println!(
+        "leader           {} (epoch {})",
+        if p.leader.is_empty() { "-" } else { &p.leader },
+        p.epoch
+    );
+    println!("applied LSN      {}", p.applied_lsn);
+    println!(
+        "log              trim point {}, tail {}",
+        p.log_trim_point, p.log_tail
+    );
+    let Some(store) = response.store else {
+        println!("store            not serving here: no estimates");
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!("partition time   {}", show_time_ms(store.partition_time_ms));
+    println!("expiry horizon   {}", show_time_ms(store.expiry_horizon_ms));
+    println!(
+        "keys             ~{} (live and expired alike)",
+        store.estimated_keys
+    );
+    if response.sampled_values > 0 {
+        println!(
+            "expired          ~{:.1}% not yet reclaimed ({} of {} values sampled)",
+            100.0 * response.sampled_expired as f64 / response.sampled_values as f64,
+            response.sampled_expired,
+            response.sampled_values
+        );
+    }
+    println!(
+        "on disk          {} in SST files, {} in memtables",
+        show_bytes_count(store.live_sst_bytes),
+        show_bytes_count(store.memtable_bytes)
+    );
+    println!(
+        "reclaimed        {} expired values since the node started",
+        store.expired_dropped
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ`, or `-` for 0 (no record applied yet).
+fn show_time_ms(ms: u64) -> String {
+    if ms == 0 {
+        return "-".into();
+    }
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+async fn partitions_compact(
+    client: &Client,
+    global: &GlobalOptions,
+    partition_id: Option<u32>,
+) -> anyhow::Result<ExitCode> {
+    let ids: Vec<u32> = match partition_id {
+        Some(id) => vec![id],
+        None => client
+            .list_partitions()
+            .await?
+            .partitions
+            .iter()
+            .map(|p| p.partition_id)
+            .collect(),
+    };
+    let bar = progress_bar(global, ids.len() as u64, "partitions");
+    let (mut before, mut after, mut dropped) = (0u64, 0u64, 0u64);
+    let mut failed = Vec::new();
+    for id in ids {
+        bar.set_message(format!("compacting partition {id}"));
+        match client.compact_partition(id).await {
+            Ok(response) => {
+                let size = |info: Option<cairn_client::v1::PartitionStoreInfo>| {
+                    info.map(|i| i.live_sst_bytes).unwrap_or_default()
+                };
+                let (b, a) = (size(response.before), size(response.after));
+                before += b;
+                after += a;
+                dropped += response.expired_dropped;
+                if global.verbose > 0 {
+                    bar.suspend(|| {
+                        println!(
+                            "partition {id}: {} -> {}, {} expired values dropped",
+                            show_bytes_count(b),
+                            show_bytes_count(a),
+                            response.expired_dropped
+                        )
+                    });
+                }
+            }
+            // One partition that cannot be compacted (not running here, being restored) does not
+            // stop the others.
+            Err(err) => {
+                bar.suspend(|| eprintln!("partition {id}: {err}"));
+                failed.push(id);
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "Compacted: {} -> {} in SST files; {dropped} expired values dropped",
+        show_bytes_count(before),
+        show_bytes_count(after)
+    );
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "Not compacted: partitions {}; `cairnctl partitions list` shows why",
+            failed
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(ExitCode::FAILURE)
+    }
 }
 
 async fn partitions_restore(

@@ -227,6 +227,32 @@ impl Client {
             .map_err(|s| self.rpc(s))
     }
 
+    pub async fn describe_partition(
+        &self,
+        partition_id: u32,
+    ) -> Result<v1::DescribePartitionResponse> {
+        self.admin
+            .clone()
+            .describe_partition(v1::DescribePartitionRequest { partition_id })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// Compacts a partition's store; returns once RocksDB is done, which for a large partition
+    /// takes a while.
+    pub async fn compact_partition(
+        &self,
+        partition_id: u32,
+    ) -> Result<v1::CompactPartitionResponse> {
+        self.admin
+            .clone()
+            .compact_partition(v1::CompactPartitionRequest { partition_id })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
     pub async fn describe_logs(&self, log_id: Option<u32>) -> Result<Vec<v1::LogInfo>> {
         self.admin
             .clone()

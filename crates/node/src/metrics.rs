@@ -36,6 +36,7 @@ pub(crate) struct Metrics {
     trim_point: IntGaugeVec,
     log_tail: IntGaugeVec,
     replay_lag: IntGaugeVec,
+    expired_dropped: IntCounterVec,
 }
 
 impl Metrics {
@@ -121,6 +122,11 @@ impl Metrics {
                 "partition_replay_lag_records",
                 "Records in the log that the partition has not applied yet.",
             ),
+            expired_dropped: counter(
+                "partition_expired_values_dropped_total",
+                "Expired values that compactions removed from the partition's store.",
+                &["partition"],
+            ),
             newest_created: Default::default(),
             registry,
         }
@@ -188,6 +194,16 @@ impl Metrics {
                 self.replay_lag
                     .with_label_values(&[&label])
                     .set((log.tail.0 as i64 - applied).max(0));
+            }
+            if let Ok(partition) = slot.running() {
+                // Counted by the store since it was opened: a restore starts a new count, which
+                // Prometheus takes for a counter reset.
+                let dropped = partition.expired_dropped();
+                let counter = self.expired_dropped.with_label_values(&[&label]);
+                if dropped < counter.get() {
+                    counter.reset();
+                }
+                counter.inc_by(dropped - counter.get());
             }
             if let Some(archived) = state.archived_lsn(slot.id()) {
                 self.archived_lsn

@@ -146,6 +146,19 @@ impl Slot {
         }
     }
 
+    /// Compacts the running partition's store (see [`Partition::compact`]); never while a
+    /// restore or a start-up is under way, which replace the store.
+    pub async fn compact(&self) -> Result<cairn_worker::Compacted> {
+        let Ok(_no_restore) = self.restoring.try_lock() else {
+            return Err(Error::Stopped {
+                partition: self.id,
+                reason: "it is being restored from a snapshot or started; retry once that is done"
+                    .into(),
+            });
+        };
+        self.running()?.compact().await
+    }
+
     /// Trims the running partition's log up to `up_to` (see [`Partition::trim_log`]) and returns
     /// that partition; never while a restore or a start-up is under way. A trim checks the store's
     /// applied LSN and then trims: had a restore replaced the store in between (it checks the

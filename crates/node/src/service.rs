@@ -322,6 +322,25 @@ impl AdminService {
         self.slot(partition_id)?.running().map_err(status_of)
     }
 
+    fn partition_info(&self, s: cairn_worker::PartitionStatus) -> v1::PartitionInfo {
+        v1::PartitionInfo {
+            partition_id: u32::from(s.id.0),
+            key_range_start: s.key_range.start,
+            key_range_end: s.key_range.end,
+            leader: s
+                .leader
+                .as_ref()
+                .map(|l| l.node.0.clone())
+                .unwrap_or_default(),
+            epoch: s.leader.as_ref().map(|l| l.epoch.0).unwrap_or_default(),
+            applied_lsn: s.applied_lsn.0,
+            log_trim_point: s.log.map(|l| l.trim_point.0).unwrap_or_default(),
+            log_tail: s.log.map(|l| l.tail.0).unwrap_or_default(),
+            status: s.stopped.unwrap_or_else(|| "active".into()),
+            archived_lsn: self.state.archived_lsn(s.id).map(|l| l.0),
+        }
+    }
+
     /// Every log belongs to the partition with the same number.
     fn log_slot(&self, log_id: u32) -> Result<&Slot, Status> {
         self.numbered(log_id, "log", "logs")
@@ -420,22 +439,7 @@ impl v1::admin_server::Admin for AdminService {
         .await;
         let partitions = statuses
             .into_iter()
-            .map(|s| v1::PartitionInfo {
-                partition_id: u32::from(s.id.0),
-                key_range_start: s.key_range.start,
-                key_range_end: s.key_range.end,
-                leader: s
-                    .leader
-                    .as_ref()
-                    .map(|l| l.node.0.clone())
-                    .unwrap_or_default(),
-                epoch: s.leader.as_ref().map(|l| l.epoch.0).unwrap_or_default(),
-                applied_lsn: s.applied_lsn.0,
-                log_trim_point: s.log.map(|l| l.trim_point.0).unwrap_or_default(),
-                log_tail: s.log.map(|l| l.tail.0).unwrap_or_default(),
-                status: s.stopped.unwrap_or_else(|| "active".into()),
-                archived_lsn: self.state.archived_lsn(s.id).map(|l| l.0),
-            })
+            .map(|s| self.partition_info(s))
             .collect();
         Ok(Response::new(v1::ListPartitionsResponse {
             partitions,
@@ -668,6 +672,58 @@ impl v1::admin_server::Admin for AdminService {
         }))
     }
 
+    async fn describe_partition(
+        &self,
+        request: Request<v1::DescribePartitionRequest>,
+    ) -> Result<Response<v1::DescribePartitionResponse>, Status> {
+        let slot = self.slot(request.into_inner().partition_id)?;
+        let status = slot.status(self.state.partitions.stores()).await;
+        let mut response = v1::DescribePartitionResponse {
+            partition: Some(self.partition_info(status)),
+            ..Default::default()
+        };
+        if let Ok(partition) = slot.running() {
+            let store = partition.store_status().await.map_err(status_of)?;
+            response.store = Some(store_info(&store));
+            let sample = partition
+                .sample_expired(EXPIRY_SAMPLE_VALUES)
+                .await
+                .map_err(status_of)?;
+            response.sampled_values = sample.read;
+            response.sampled_expired = sample.expired;
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn compact_partition(
+        &self,
+        request: Request<v1::CompactPartitionRequest>,
+    ) -> Result<Response<v1::CompactPartitionResponse>, Status> {
+        let slot = self.slot(request.into_inner().partition_id)?;
+        let id = slot.id();
+        tracing::info!(partition = %id, "Compact partition command received");
+        let state = self.state.clone();
+        // A task of the node: a caller that gives up does not stop a compaction half-way (RocksDB
+        // could not be stopped anyway), and the answer says what it did if the caller is still
+        // there.
+        let compaction = tokio::spawn(async move {
+            let slot = state.partitions.slot(id).expect("a slot found above");
+            slot.compact().await
+        });
+        let compacted = compaction
+            .await
+            .map_err(|err| Status::internal(format!("the compaction task failed: {err}")))?
+            .map_err(status_of)?;
+        tracing::info!(partition = %id, expired_dropped = compacted.expired_dropped,
+                       sst_bytes_before = compacted.before.estimates.live_sst_bytes,
+                       sst_bytes_after = compacted.after.estimates.live_sst_bytes, "partition compacted");
+        Ok(Response::new(v1::CompactPartitionResponse {
+            before: Some(store_info(&compacted.before)),
+            after: Some(store_info(&compacted.after)),
+            expired_dropped: compacted.expired_dropped,
+        }))
+    }
+
     type RestorePartitionStream = tokio_stream::wrappers::UnboundedReceiverStream<
         Result<v1::RestorePartitionProgress, Status>,
     >;
@@ -742,6 +798,20 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))
+    }
+}
+
+/// Values `DescribePartition` reads to estimate how many have expired.
+const EXPIRY_SAMPLE_VALUES: usize = 10_000;
+
+fn store_info(status: &cairn_worker::StoreStatus) -> v1::PartitionStoreInfo {
+    v1::PartitionStoreInfo {
+        estimated_keys: status.estimates.keys,
+        live_sst_bytes: status.estimates.live_sst_bytes,
+        memtable_bytes: status.estimates.memtable_bytes,
+        expired_dropped: status.expired_dropped,
+        partition_time_ms: status.partition_time_ms,
+        expiry_horizon_ms: status.expiry_horizon_ms,
     }
 }
 

@@ -8,6 +8,7 @@ pub(crate) const TABLE_FSM: u8 = b'f';
 
 pub(crate) const FSM_APPLIED_LSN: u8 = 1;
 pub(crate) const FSM_LEADER: u8 = 2;
+pub(crate) const FSM_PARTITION_TIME: u8 = 3;
 
 const VALUE_FORMAT_V1: u8 = 1;
 
@@ -21,6 +22,22 @@ pub(crate) fn data_key_with(pk: PartitionKey, user_key: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&pk.to_be_bytes());
     out.extend_from_slice(user_key);
     out
+}
+
+pub(crate) fn is_data_key(key: &[u8]) -> bool {
+    key.first() == Some(&TABLE_DATA)
+}
+
+/// The expiry of an encoded value, without copying it: `None` if it never expires or does not
+/// decode.
+pub(crate) fn expiry_of(raw: &[u8]) -> Option<u64> {
+    match raw {
+        [VALUE_FORMAT_V1, expiry @ ..] if expiry.len() >= 8 => {
+            let at = u64::from_be_bytes(expiry[..8].try_into().expect("8 bytes"));
+            (at != 0).then_some(at)
+        }
+        _ => None,
+    }
 }
 
 pub(crate) fn fsm_key(variable: u8) -> [u8; 2] {
@@ -63,6 +80,11 @@ mod tests {
             let (e, v) = decode_value(&encode_value(expiry, &value)).unwrap();
             prop_assert_eq!(e, expiry);
             prop_assert_eq!(&v[..], &value[..]);
+        }
+
+        #[test]
+        fn the_expiry_is_read_without_decoding_the_value(expiry in proptest::option::of(1u64..), value: Vec<u8>) {
+            prop_assert_eq!(expiry_of(&encode_value(expiry, &value)), expiry);
         }
 
         #[test]

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!   'd' ++ partition_key(u64 BE) ++ user_key    →  value record (expiry, bytes)
-//!   'f' ++ variable id(u8)                      →  partition variable (applied LSN, leader)
+//!   'f' ++ variable id(u8)                      →  partition variable (applied LSN, leader,
+//!                                                   partition time)
 //! ```
 //!
 //! The partition's variables live in the same column family as its data, so an export of the
@@ -30,12 +31,13 @@
 //! flush too, so a snapshot never covers more than its files hold. On a clean shutdown RocksDB
 //! flushes every memtable itself.
 
+mod expiry;
 mod keys;
 mod store;
 
 pub use store::{
     ColumnFamilyExport, ExportedFile, LeaderState, PartitionStore, PartitionStoreManager,
-    PartitionWriteBatch, StoreOptions, StoredValue,
+    PartitionWriteBatch, SizeEstimates, StoreOptions, StoredValue,
 };
 
 /// Errors of the partition store.

@@ -1,6 +1,7 @@
 //! The RocksDB instance of a node and the per-partition handles on it.
 
-use crate::keys::{self, FSM_APPLIED_LSN, FSM_LEADER};
+use crate::expiry::{Expiry, ExpiryFilterFactory};
+use crate::keys::{self, FSM_APPLIED_LSN, FSM_LEADER, FSM_PARTITION_TIME};
 use crate::{Error, Result};
 use bytes::Bytes;
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
@@ -8,8 +9,9 @@ use rust_rocksdb::{
     BlockBasedOptions, BoundColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Options,
     WriteBatch, WriteOptions,
 };
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Table options. The defaults write SST files that Debian 12's RocksDB 7.8 tools can read.
 #[derive(Debug, Clone)]
@@ -61,11 +63,17 @@ pub struct LeaderState {
 pub struct PartitionStoreManager {
     db: Arc<DB>,
     path: PathBuf,
-    cf_options: Options,
+    options: StoreOptions,
+    /// Each partition's compaction filter state, created with its column family's options.
+    expiries: Mutex<HashMap<PartitionId, Arc<Expiry>>>,
 }
 
 pub(crate) fn cf_name(id: PartitionId) -> String {
     format!("data-{id}")
+}
+
+fn partition_of_cf(name: &str) -> Option<PartitionId> {
+    name.strip_prefix("data-")?.parse().ok().map(PartitionId)
 }
 
 impl PartitionStoreManager {
@@ -88,22 +96,43 @@ impl PartitionStoreManager {
         // into that memtable ended. On two cores that was worth more than the parallelism.
         db_options.set_allow_concurrent_memtable_write(false);
 
-        let cf_options = column_family_options(options);
         let existing = if path.join("CURRENT").exists() {
             DB::list_cf(&db_options, path).map_err(open_err)?
         } else {
             vec![]
         };
-        let descriptors = existing
+        let mut expiries = HashMap::new();
+        let descriptors: Vec<_> = existing
             .iter()
             .filter(|name| name.as_str() != "default")
-            .map(|name| ColumnFamilyDescriptor::new(name, cf_options.clone()));
+            .map(|name| {
+                let expiry = Arc::new(Expiry::default());
+                if let Some(id) = partition_of_cf(name) {
+                    expiries.insert(id, expiry.clone());
+                }
+                ColumnFamilyDescriptor::new(name, column_family_options(options, expiry))
+            })
+            .collect();
         let db = DB::open_cf_descriptors(&db_options, path, descriptors).map_err(open_err)?;
         Ok(PartitionStoreManager {
             db: Arc::new(db),
             path: path.to_path_buf(),
-            cf_options,
+            options: options.clone(),
+            expiries: Mutex::new(expiries),
         })
+    }
+
+    /// Options for a new column family of partition `id`, with a fresh compaction filter state
+    /// that [`partition`](Self::partition) hands out from then on.
+    fn new_cf_options(&self, id: PartitionId) -> Options {
+        let expiry = Arc::new(Expiry::default());
+        self.expiries_lock().insert(id, expiry.clone());
+        column_family_options(&self.options, expiry)
+    }
+
+    fn expiries_lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Arc<Expiry>>> {
+        // The map is only ever replaced whole-entry; a panic elsewhere leaves it consistent.
+        self.expiries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn path(&self) -> &Path {
@@ -113,10 +142,13 @@ impl PartitionStoreManager {
     /// The store of partition `id`, if this node has one.
     pub fn partition(&self, id: PartitionId) -> Option<PartitionStore> {
         let name = cf_name(id);
-        self.db.cf_handle(&name).map(|_| PartitionStore {
+        self.db.cf_handle(&name)?;
+        let expiry = self.expiries_lock().entry(id).or_default().clone();
+        Some(PartitionStore {
             db: self.db.clone(),
             id,
             cf_name: name,
+            expiry,
         })
     }
 
@@ -126,7 +158,7 @@ impl PartitionStoreManager {
             return Ok(store);
         }
         self.db
-            .create_cf(cf_name(id), &self.cf_options)
+            .create_cf(cf_name(id), &self.new_cf_options(id))
             .map_err(|source| Error::RocksDb {
                 context: "create column family",
                 source,
@@ -169,7 +201,7 @@ impl PartitionStoreManager {
         import_options.set_move_files(true);
         self.db
             .create_column_family_with_import(
-                &self.cf_options,
+                &self.new_cf_options(id),
                 cf_name(id),
                 &import_options,
                 &metadata,
@@ -216,7 +248,7 @@ impl PartitionStoreManager {
     }
 }
 
-fn column_family_options(options: &StoreOptions) -> Options {
+fn column_family_options(options: &StoreOptions, expiry: Arc<Expiry>) -> Options {
     let mut block = BlockBasedOptions::default();
     block.set_format_version(options.format_version);
     block.set_block_cache(&rust_rocksdb::Cache::new_lru_cache(
@@ -234,6 +266,7 @@ fn column_family_options(options: &StoreOptions) -> Options {
     // LZ4 everywhere: fast, and readable by every RocksDB build that Debian ships.
     cf.set_compression_type(DBCompressionType::Lz4);
     cf.set_bottommost_compression_type(DBCompressionType::Lz4);
+    cf.set_compaction_filter_factory(ExpiryFilterFactory(expiry));
     cf
 }
 
@@ -306,12 +339,21 @@ pub struct ColumnFamilyExport {
     pub applied_lsn: Lsn,
 }
 
+/// What RocksDB estimates a partition holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SizeEstimates {
+    pub keys: u64,
+    pub live_sst_bytes: u64,
+    pub memtable_bytes: u64,
+}
+
 /// One partition's column family.
 #[derive(Clone)]
 pub struct PartitionStore {
     db: Arc<DB>,
     id: PartitionId,
     cf_name: String,
+    expiry: Arc<Expiry>,
 }
 
 impl PartitionStore {
@@ -414,6 +456,126 @@ impl PartitionStore {
                 Ok(Lsn(u64::from_be_bytes(bytes)))
             }
         }
+    }
+
+    /// The partition's time: the latest record timestamp the processor applied (ms since the
+    /// Unix epoch); 0 before the first.
+    pub fn partition_time(&self) -> Result<u64> {
+        let raw = self.get_raw(&keys::fsm_key(FSM_PARTITION_TIME))?;
+        self.decode_partition_time(raw)
+    }
+
+    /// The partition time of what this store has on disk, without its memtables: what it would
+    /// reopen with after a crash. Only that time bounds what compactions may drop, since they
+    /// rewrite files on disk whose contents a crash would not roll back.
+    pub fn persisted_partition_time(&self) -> Result<u64> {
+        let mut options = rust_rocksdb::ReadOptions::default();
+        options.set_read_tier(rust_rocksdb::ReadTier::Persisted);
+        let raw = self
+            .db
+            .get_cf_opt(&self.cf()?, keys::fsm_key(FSM_PARTITION_TIME), &options)
+            .map_err(|source| Error::RocksDb {
+                context: "read the persisted partition time",
+                source,
+            })?;
+        self.decode_partition_time(raw)
+    }
+
+    fn decode_partition_time(&self, raw: Option<Vec<u8>>) -> Result<u64> {
+        let Some(raw) = raw else { return Ok(0) };
+        let bytes: [u8; 8] = raw.as_slice().try_into().map_err(|_| Error::Corrupt {
+            partition: self.id,
+            what: "partition time",
+            detail: format!("{} bytes instead of 8", raw.len()),
+        })?;
+        Ok(u64::from_be_bytes(bytes))
+    }
+
+    /// Lets compactions drop values that expire at or before `horizon_ms`, from the next
+    /// compaction on. The horizon never moves back. The caller guarantees that no decision this
+    /// store can still take, now or after a crash, looks at a time before it.
+    pub fn set_expiry_horizon(&self, horizon_ms: u64) {
+        self.expiry.advance(horizon_ms);
+    }
+
+    pub fn expiry_horizon(&self) -> u64 {
+        self.expiry.horizon_ms()
+    }
+
+    /// Expired values that compactions dropped since the store was opened.
+    pub fn expired_dropped(&self) -> u64 {
+        self.expiry.dropped()
+    }
+
+    /// Flushes the memtable and compacts the whole partition down to its last level, so that
+    /// every expired value the horizon allows is dropped now and the space is returned. Blocks
+    /// for as long as that takes.
+    pub fn compact(&self) -> Result<()> {
+        self.flush()?;
+        let mut options = rust_rocksdb::CompactOptions::default();
+        // Rewrite the last level too: that is where most expired values sit, and where the
+        // tombstones the filter leaves are finally dropped.
+        options.set_bottommost_level_compaction(rust_rocksdb::BottommostLevelCompaction::Force);
+        options.set_exclusive_manual_compaction(false);
+        self.db
+            .compact_range_cf_opt(&self.cf()?, None::<&[u8]>, None::<&[u8]>, &options);
+        Ok(())
+    }
+
+    /// RocksDB's estimates for the partition: keys (live and expired-but-not-yet-dropped alike,
+    /// which it cannot tell apart) and bytes of its live SST files.
+    pub fn size_estimates(&self) -> Result<SizeEstimates> {
+        let cf = self.cf()?;
+        let property = |name: &str| {
+            self.db
+                .property_int_value_cf(&cf, name)
+                .map(|v| v.unwrap_or(0))
+                .map_err(|source| Error::RocksDb {
+                    context: "read a property",
+                    source,
+                })
+        };
+        Ok(SizeEstimates {
+            keys: property("rocksdb.estimate-num-keys")?,
+            live_sst_bytes: property("rocksdb.live-sst-files-size")?,
+            memtable_bytes: property("rocksdb.cur-size-all-mem-tables")?,
+        })
+    }
+
+    /// Reads up to `max` data values from `start` (a partition key) on, wrapping around to the
+    /// partition's first key, and counts how many of them have expired at `now_ms`: a sample
+    /// for estimating what a compaction would reclaim, which RocksDB cannot tell by itself.
+    /// Returns (values read, expired among them). Blocks for the reads.
+    pub fn sample_expired(&self, now_ms: u64, start: u64, max: usize) -> Result<(u64, u64)> {
+        let cf = self.cf()?;
+        let (mut read, mut expired) = (0u64, 0u64);
+        let ranges = [
+            (keys::data_key_with(start, &[]), None),
+            (
+                vec![keys::TABLE_DATA],
+                Some(keys::data_key_with(start, &[])),
+            ),
+        ];
+        for (from, below) in ranges {
+            let mut options = rust_rocksdb::ReadOptions::default();
+            options.set_iterate_upper_bound(below.unwrap_or_else(|| vec![keys::TABLE_DATA + 1]));
+            let mut iter = self.db.raw_iterator_cf_opt(&cf, options);
+            iter.seek(&from);
+            while iter.valid() && (read as usize) < max {
+                if let Some(value) = iter.value() {
+                    read += 1;
+                    if keys::expiry_of(value).is_some_and(|at| at <= now_ms) {
+                        expired += 1;
+                    }
+                }
+                iter.next();
+            }
+            iter.status().map_err(|source| Error::RocksDb {
+                context: "sample values",
+                source,
+            })?;
+        }
+        Ok((read, expired))
     }
 
     /// The leader this partition last accepted; `None` before the first announcement.
@@ -569,6 +731,13 @@ impl PartitionWriteBatch {
         self.ops.push(Op::Put(
             keys::fsm_key(FSM_APPLIED_LSN).to_vec(),
             lsn.0.to_be_bytes().to_vec(),
+        ));
+    }
+
+    pub fn set_partition_time(&mut self, time_ms: u64) {
+        self.ops.push(Op::Put(
+            keys::fsm_key(FSM_PARTITION_TIME).to_vec(),
+            time_ms.to_be_bytes().to_vec(),
         ));
     }
 

@@ -9,6 +9,7 @@
 //! nor who decides leadership (the caller hands it an epoch). It knows nothing of gRPC.
 
 mod clock;
+mod compaction;
 mod partition;
 mod processor;
 mod restore;
@@ -16,6 +17,7 @@ mod snapshot;
 pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compaction::{Compacted, ExpirySample, StoreStatus};
 pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus, ReadShare, read_shares};
 pub use processor::Outcome;
 pub use restore::{

@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub applied: watch::Sender<Lsn>,
     pub leader: watch::Sender<Option<LeaderState>>,
     stopped: watch::Sender<Option<String>>,
+    /// The partition time the processor has applied up to (ms since the Unix epoch).
+    time: AtomicU64,
     /// Set while the store refuses writes for a full disk (the processor retries the record it
     /// holds): new writes are refused with it rather than queue up behind that record.
     store_full: Mutex<Option<Arc<cairn_partition_store::Error>>>,
@@ -69,6 +71,14 @@ impl Shared {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    pub fn set_time(&self, time_ms: u64) {
+        self.time.store(time_ms, Ordering::Release);
+    }
+
+    fn time(&self) -> u64 {
+        self.time.load(Ordering::Acquire)
+    }
+
     pub fn set_store_full(&self, full: Option<Arc<cairn_partition_store::Error>>) {
         *self.store_full.lock().unwrap_or_else(|p| p.into_inner()) = full;
     }
@@ -106,6 +116,8 @@ pub struct Partition {
     /// The epoch this node leads with, once it has announced itself.
     epoch_led: Mutex<Option<Epoch>>,
     next_request_id: AtomicU64,
+    /// The latest timestamp this node stamped on a record of the partition.
+    last_stamp: AtomicU64,
     exports: mpsc::Sender<ExportRequest>,
     cancel: CancellationToken,
     /// Fires (or is dropped) when the processor's thread is done.
@@ -131,6 +143,9 @@ impl Partition {
         let applied = store
             .applied_lsn()
             .map_err(|err| store_error(id, "read applied LSN", err))?;
+        let time = store
+            .partition_time()
+            .map_err(|err| store_error(id, "read the partition time", err))?;
         let leader = store
             .leader()
             .map_err(|err| store_error(id, "read leader", err))?;
@@ -142,6 +157,7 @@ impl Partition {
             applied: watch::Sender::new(applied),
             leader: watch::Sender::new(leader.clone()),
             stopped: watch::Sender::new(None),
+            time: AtomicU64::new(time),
             store_full: Mutex::new(None),
         });
         let cancel = CancellationToken::new();
@@ -153,6 +169,8 @@ impl Partition {
             log: log.clone(),
             leader,
             applied,
+            time,
+            horizon_refreshed: None,
         };
         // A thread of its own (see the processor's module docs), driving the processor with the
         // runtime this is called in.
@@ -178,6 +196,7 @@ impl Partition {
             key_range,
             epoch_led: Mutex::new(None),
             next_request_id: AtomicU64::new(1),
+            last_stamp: AtomicU64::new(0),
             exports,
             cancel,
             task: Mutex::new(Some(task)),
@@ -190,6 +209,10 @@ impl Partition {
 
     pub fn key_range(&self) -> KeyRange {
         self.key_range
+    }
+
+    pub(crate) fn store(&self) -> &PartitionStore {
+        &self.store
     }
 
     pub fn log(&self) -> &Arc<dyn Loglet> {
@@ -312,7 +335,7 @@ impl Partition {
         Ok(ReadShare {
             partition: self.id(),
             store: self.store.clone(),
-            now_ms: self.clock.now_ms(),
+            now_ms: self.partition_time(),
             keys,
         })
     }
@@ -409,7 +432,7 @@ impl Partition {
     }
 
     /// The epoch this node serves with, if it is the partition's current leader.
-    fn serving_epoch(&self) -> Result<Epoch> {
+    pub(crate) fn serving_epoch(&self) -> Result<Epoch> {
         if let Some(reason) = self.shared.stopped_reason() {
             return Err(Error::Stopped {
                 partition: self.id(),
@@ -442,6 +465,21 @@ impl Partition {
         self.propose_at(epoch, command).await
     }
 
+    /// The time reads decide expiry by: the clock, or the partition's time if the clock is
+    /// behind it, so that nothing the processor already treats as expired is read as live.
+    pub(crate) fn partition_time(&self) -> u64 {
+        self.clock.now_ms().max(self.shared.time())
+    }
+
+    /// The timestamp of a new record: never before the partition's time nor before this node's
+    /// previous stamp, so that a leader whose clock is behind its predecessor's does not stamp
+    /// records into the past. (The processor enforces the same by itself; stamping so keeps the
+    /// records' timestamps what they take effect at.)
+    fn stamp(&self) -> u64 {
+        let at = self.partition_time();
+        self.last_stamp.fetch_max(at, Ordering::AcqRel).max(at)
+    }
+
     async fn propose_at(&self, epoch: Epoch, command: Command) -> Result<Outcome> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -463,7 +501,7 @@ impl Partition {
         let envelope = Envelope {
             header: Header {
                 epoch,
-                timestamp_ms: self.clock.now_ms(),
+                timestamp_ms: self.stamp(),
                 origin: Some(Origin {
                     node: self.shared.node.clone(),
                     boot_id: self.shared.boot_id,

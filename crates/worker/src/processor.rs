@@ -57,6 +57,9 @@ pub enum Outcome {
     Announced,
 }
 
+/// How often the processor moves the compaction filter's horizon up, at most.
+const HORIZON_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Records read from the log per round, at most.
 const READ_BATCH_RECORDS_MAX: usize = 1024;
 
@@ -91,12 +94,17 @@ pub(crate) struct Processor {
     pub log: Arc<dyn Loglet>,
     pub leader: Option<LeaderState>,
     pub applied: Lsn,
+    /// The partition's time: the latest effective timestamp of the records applied.
+    pub time: u64,
+    /// When the compaction filter's horizon was last moved up to the store's persisted time.
+    pub horizon_refreshed: Option<std::time::Instant>,
 }
 
 impl Processor {
     pub async fn run(mut self, cancel: CancellationToken) {
         let partition = self.shared.id;
         info!(%partition, applied_lsn = %self.applied, "partition processor started");
+        self.refresh_expiry_horizon(true);
         let result = self.apply_loop(&cancel).await;
         let reason = match result {
             Ok(()) => "shut down".to_string(),
@@ -200,6 +208,7 @@ impl Processor {
                 store: self.store.clone(),
                 leader: self.leader.clone(),
                 applied: self.applied,
+                time: self.time,
             };
             // On the processor's own thread (see `Partition::start`): blocking here holds up
             // no other task.
@@ -226,6 +235,8 @@ impl Processor {
                     }
                     self.applied = applied.lsn;
                     self.leader = applied.leader;
+                    self.time = applied.time;
+                    self.refresh_expiry_horizon(false);
                     // Records the run did not reach (it stopped at a bad one) are not applied.
                     return match applied.stopped {
                         Some(err) => Err(err),
@@ -234,6 +245,26 @@ impl Processor {
                 }
             }
             // Only a full disk loops, and it applied nothing: the same records again.
+        }
+    }
+
+    /// Moves the compaction filter's horizon up to the partition time of what the store has on
+    /// disk (see ARCHITECTURE.md, *Expiry*), at most every [`HORIZON_REFRESH`] unless `now`. A
+    /// failed read only leaves the horizon where it is: expired values then wait longer.
+    fn refresh_expiry_horizon(&mut self, now: bool) {
+        if !now
+            && self
+                .horizon_refreshed
+                .is_some_and(|at| at.elapsed() < HORIZON_REFRESH)
+        {
+            return;
+        }
+        self.horizon_refreshed = Some(std::time::Instant::now());
+        match self.store.persisted_partition_time() {
+            Ok(time) => self.store.set_expiry_horizon(time),
+            Err(err) => {
+                warn!(partition = %self.shared.id, "cannot read the persisted partition                               time; expired values are not reclaimed meanwhile: {err}")
+            }
         }
     }
 
@@ -253,6 +284,7 @@ impl Processor {
 struct Applied {
     lsn: Lsn,
     leader: Option<LeaderState>,
+    time: u64,
     /// Why the run stopped before its last record, if it did: the records before that one are
     /// applied, it and the ones after it are not.
     stopped: Option<Error>,
@@ -264,6 +296,7 @@ struct Run {
     store: PartitionStore,
     leader: Option<LeaderState>,
     applied: Lsn,
+    time: u64,
 }
 
 /// Whether a key holds a value, and if so its expiry (`Some(None)`: never expires).
@@ -284,7 +317,7 @@ impl Run {
     /// before it. Fails with [`Error::StoreDiskFull`] having applied nothing.
     fn apply(mut self, entries: &[Entry]) -> Result<Applied> {
         let partition = self.shared.id;
-        let applied_before = self.applied;
+        let (applied_before, time_before) = (self.applied, self.time);
         let mut batch = self.store.write_batch();
         let mut overlay = Overlay::new();
         // Decoded once: for the lookups ahead of the run and for applying.
@@ -316,6 +349,9 @@ impl Run {
         // partition applied would leave the store behind the log's trim point after a restart.
         if self.applied > applied_before {
             batch.set_applied_lsn(self.applied);
+            if self.time != time_before {
+                batch.set_partition_time(self.time);
+            }
             self.store.commit(batch).map_err(|err| {
                 if err.is_disk_full() {
                     Error::StoreDiskFull {
@@ -330,6 +366,7 @@ impl Run {
         if announced {
             self.shared.leader.send_replace(self.leader.clone());
         }
+        self.shared.set_time(self.time);
         self.shared.applied.send_replace(self.applied);
         for (origin, outcome) in answers {
             self.shared.complete(&origin, outcome);
@@ -337,6 +374,7 @@ impl Run {
         Ok(Applied {
             lsn: self.applied,
             leader: self.leader,
+            time: self.time,
             stopped,
         })
     }
@@ -411,6 +449,10 @@ impl Run {
             reason: format!("record at LSN {lsn} cannot be decoded: {err}"),
         })?;
         let header = envelope.header;
+        // The partition's time never goes back, whatever the clock of the leader that stamped
+        // the record: every replica computes the same from the same records, and a value that
+        // expired before it stays expired for every later record (see ARCHITECTURE.md, *Expiry*).
+        let now = header.timestamp_ms.max(self.time);
         let outcome = match envelope.command {
             Command::AnnounceLeader { epoch, node } => {
                 if self.leader.as_ref().is_none_or(|l| epoch > l.epoch) {
@@ -418,6 +460,7 @@ impl Run {
                     let leader = LeaderState { epoch, node };
                     batch.set_leader(&leader);
                     self.leader = Some(leader);
+                    self.time = now;
                     Ok(Outcome::Announced)
                 } else {
                     Err(self.fenced())
@@ -435,14 +478,16 @@ impl Run {
                 Err(self.fenced())
             }
             Command::Put { entries } => {
+                self.time = now;
                 for entry in entries {
-                    let expiry = entry.ttl_ms.map(|t| header.timestamp_ms.saturating_add(t));
+                    let expiry = entry.ttl_ms.map(|t| now.saturating_add(t));
                     batch.put(&entry.key, &entry.value, expiry);
                     overlay.insert(entry.key, Some(expiry));
                 }
                 Ok(Outcome::Done)
             }
             Command::Delete { keys } => {
+                self.time = now;
                 for key in keys {
                     batch.delete(&key);
                     overlay.insert(key, None);
@@ -454,7 +499,7 @@ impl Run {
                 value,
                 ttl_ms,
             } => {
-                let now = header.timestamp_ms;
+                self.time = now;
                 let expiry = ttl_ms.map(|t| now.saturating_add(t));
                 let mut seen = HashSet::with_capacity(keys.len());
                 let mut inserted = Vec::with_capacity(keys.len());

@@ -731,3 +731,115 @@ async fn taking_the_leadership_gives_up_when_the_processor_stops_moving() {
     );
     partition.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_leader_whose_clock_is_behind_does_not_move_partition_time_back() {
+    let f = Fixture::new().await;
+    let clock = Arc::new(ManualClock::new(10_000));
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", clock.clone());
+    n1.become_leader(Epoch(1)).await.unwrap();
+    // Expires at 15_000.
+    n1.put(put("k", "old", Some(5_000))).await.unwrap();
+    clock.set(20_000);
+    n1.put(put("tick", "t", None)).await.unwrap();
+
+    // The next leader's clock is at 12_000: before k's expiry, and 8 s behind the partition.
+    let n2_stores = f.stores("n2");
+    let n2 = f.start(&n2_stores, "n2", Arc::new(ManualClock::new(12_000)));
+    n2.become_leader(Epoch(2)).await.unwrap();
+    assert_eq!(
+        n2.get(&[key("k")]).await.unwrap(),
+        vec![None],
+        "a value that expired at the partition's time came back under a slow clock"
+    );
+    assert_eq!(
+        n2.insert_if_absent(vec![key("k")], key("new"), Some(1_000))
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    // Applied at the partition's time, not at the slow clock's 12_000.
+    assert_eq!(stored(&n2_stores, "k").unwrap().expires_at_ms, Some(21_000));
+    let time = n2_stores.partition(PID).unwrap().partition_time().unwrap();
+    assert!(time >= 20_000, "partition time went back to {time}");
+
+    // A replica replaying the same log computes the same.
+    let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
+    assert_eq!(
+        stored(&replica_stores, "k"),
+        stored(&n2_stores, "k"),
+        "the replica diverged"
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_compacted_store_and_a_replayed_one_answer_alike() {
+    const T0: u64 = 1_000_000;
+    let f = Fixture::new().await;
+    let clock = Arc::new(ManualClock::new(T0));
+    let stores = f.stores("n1");
+    let n1 = f.start(&stores, "n1", clock.clone());
+    n1.become_leader(Epoch(1)).await.unwrap();
+    // Expiries every 10 ms from T0 + 10 to T0 + 2_000; every fifth key never expires.
+    let keys: Vec<Bytes> = (1..=200u64).map(|i| key(&format!("key-{i}"))).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let ttl = (i % 5 != 4).then_some(10 * (i as u64 + 1));
+        n1.put(vec![PutEntry {
+            key: k.clone(),
+            value: key("first"),
+            ttl_ms: ttl,
+        }])
+        .await
+        .unwrap();
+    }
+
+    // Compacted at T0 + 1_000: the 80 values that expired by then are dropped.
+    clock.set(T0 + 1_000);
+    let compacted = n1.compact().await.unwrap();
+    assert_eq!(compacted.expired_dropped, 80);
+
+    // A replica that replays the whole log into an empty store and is never compacted follows
+    // a run of reads and insert-if-absent over keys around their expiry: after every round it
+    // holds the same live values, so it decided every insert the same way.
+    let replica_stores = f.stores("replica");
+    let replica = f.start(&replica_stores, "replica", clock.clone());
+    let live = |v: Option<StoredValue>, at: u64| v.filter(|v| v.is_live_at(at));
+    let mut last_read = Vec::new();
+    for (round, at) in [T0 + 1_000, T0 + 1_005, T0 + 1_500, T0 + 2_500]
+        .into_iter()
+        .enumerate()
+    {
+        clock.set(at);
+        let read = n1.get(&keys).await.unwrap();
+        let inserted = n1
+            .insert_if_absent(keys.clone(), key(&format!("round-{round}")), Some(200))
+            .await
+            .unwrap();
+        // What a user sees: a key reads as present exactly when the insert does not win.
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(read[i].is_none(), inserted[i], "{k:?} at {at}");
+        }
+        if round == 0 {
+            assert_eq!(inserted.iter().filter(|i| **i).count(), 80);
+        }
+        replica.wait_applied(n1.applied_lsn()).await.unwrap();
+        for k in &keys {
+            let k = std::str::from_utf8(k).unwrap();
+            assert_eq!(
+                live(stored(&stores, k), at),
+                live(stored(&replica_stores, k), at),
+                "{k} after round {round}"
+            );
+        }
+        last_read = n1.get(&keys).await.unwrap();
+    }
+    replica.become_leader(Epoch(2)).await.unwrap();
+    assert_eq!(
+        replica.get(&keys).await.unwrap(),
+        last_read,
+        "the replica reads differently"
+    );
+    f.stop().await;
+}

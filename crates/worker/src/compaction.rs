@@ -1,0 +1,138 @@
+//! What an operator sees of a partition's store and can ask of it: size estimates, the expiry
+//! horizon, a manual compaction that reclaims expired values now.
+
+use crate::partition::Partition;
+use crate::processor::store_error;
+use crate::{Error, Result};
+use cairn_partition_store::{PartitionStore, SizeEstimates};
+use cairn_types::PartitionId;
+
+/// A partition store as RocksDB and the compaction filter see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStatus {
+    pub estimates: SizeEstimates,
+    /// Expired values compactions dropped since the node started.
+    pub expired_dropped: u64,
+    /// The partition's time (ms since the Unix epoch): what reads and writes decide expiry by.
+    pub partition_time_ms: u64,
+    /// Values expiring at or before this time may be dropped by compactions.
+    pub expiry_horizon_ms: u64,
+}
+
+impl StoreStatus {
+    /// Reads it from `store`. Blocking: RocksDB calls.
+    pub fn read(store: &PartitionStore) -> Result<StoreStatus> {
+        let partition = store.id();
+        Ok(StoreStatus {
+            estimates: store
+                .size_estimates()
+                .map_err(|err| store_error(partition, "read size estimates", err))?,
+            expired_dropped: store.expired_dropped(),
+            partition_time_ms: store
+                .partition_time()
+                .map_err(|err| store_error(partition, "read the partition time", err))?,
+            expiry_horizon_ms: store.expiry_horizon(),
+        })
+    }
+}
+
+/// What a manual compaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    pub before: StoreStatus,
+    pub after: StoreStatus,
+    /// Expired values this compaction dropped (or others that ran meanwhile).
+    pub expired_dropped: u64,
+}
+
+/// Values read to estimate how many have expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpirySample {
+    pub read: u64,
+    pub expired: u64,
+    /// The time they were judged by: the partition's.
+    pub at_ms: u64,
+}
+
+impl Partition {
+    /// The store's status, read on a blocking thread.
+    pub async fn store_status(&self) -> Result<StoreStatus> {
+        let store = self.store().clone();
+        on_blocking_thread(self.id(), "read the store's status", move || {
+            StoreStatus::read(&store)
+        })
+        .await
+    }
+
+    /// Compacts the partition's whole store now: flushes it, lets compactions drop every value
+    /// that expired by the partition time now on disk (the horizon, see ARCHITECTURE.md,
+    /// *Expiry*), and rewrites every level. Takes as long as RocksDB needs to rewrite the
+    /// partition; writes and reads go on meanwhile.
+    pub async fn compact(&self) -> Result<Compacted> {
+        // An idle partition's time stays at its last record, so only what expired by then could
+        // go: a record that changes nothing else (an empty put) brings it up to the clock first.
+        if self.serving_epoch().is_ok() {
+            self.put(Vec::new()).await?;
+        }
+        let store = self.store().clone();
+        on_blocking_thread(self.id(), "compact", move || {
+            let partition = store.id();
+            let before = StoreStatus::read(&store)?;
+            store
+                .flush()
+                .map_err(|err| store_error(partition, "flush before compacting", err))?;
+            let horizon = store
+                .persisted_partition_time()
+                .map_err(|err| store_error(partition, "read the persisted partition time", err))?;
+            store.set_expiry_horizon(horizon);
+            store
+                .compact()
+                .map_err(|err| store_error(partition, "compact", err))?;
+            let after = StoreStatus::read(&store)?;
+            Ok(Compacted {
+                before,
+                after,
+                expired_dropped: after.expired_dropped.saturating_sub(before.expired_dropped),
+            })
+        })
+        .await
+    }
+
+    /// Expired values that compactions dropped since the store was opened.
+    pub fn expired_dropped(&self) -> u64 {
+        self.store().expired_dropped()
+    }
+
+    /// Reads up to `max` values from a random point of the partition and counts those expired
+    /// at the partition's time.
+    pub async fn sample_expired(&self, max: usize) -> Result<ExpirySample> {
+        let store = self.store().clone();
+        let at_ms = self.partition_time();
+        let start = rand::random::<u64>().clamp(self.key_range().start, self.key_range().end);
+        on_blocking_thread(self.id(), "sample values", move || {
+            let (read, expired) = store
+                .sample_expired(at_ms, start, max)
+                .map_err(|err| store_error(store.id(), "sample values", err))?;
+            Ok(ExpirySample {
+                read,
+                expired,
+                at_ms,
+            })
+        })
+        .await
+    }
+}
+
+async fn on_blocking_thread<T: Send + 'static>(
+    partition: PartitionId,
+    context: &'static str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| Error::Storage {
+            partition,
+            context,
+            source: err.into(),
+        })?
+}
