@@ -12,7 +12,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use support::{
     Server, assert_keys_there, cairnctl, created_id, fails, keys_of_partition, ok,
-    partition_columns, put_keys, run_cairn, snapshot_object_keys, value_for, wait_until_started,
+    partition_columns, put_keys, run_cairn, scrape, snapshot_object_keys, value_for,
+    wait_until_started,
 };
 
 async fn client(address: &str) -> Client {
@@ -345,22 +346,6 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     assert_keys_there(&a, &snapshotted).await;
     assert_keys_there(&a, &tail).await;
     assert!(!staging.join("0").exists() && !staging.join("0.importing").exists());
-}
-
-/// GET /metrics on the node's metrics port.
-fn scrape(server: &Server) -> String {
-    use std::io::{Read, Write};
-    let address = server.metrics_address().expect("the metrics port is on");
-    let mut stream = std::net::TcpStream::connect(&address).unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
 }
 
 /// The value of the sample `name{partition="0"...}` in a scrape.

@@ -77,10 +77,11 @@ impl Partition {
         let store = self.store().clone();
         on_blocking_thread(self.id(), "compact", move || {
             let partition = store.id();
-            let before = StoreStatus::read(&store)?;
+            // Measured once everything is on disk, so that before and after compare files.
             store
                 .flush()
                 .map_err(|err| store_error(partition, "flush before compacting", err))?;
+            let before = StoreStatus::read(&store)?;
             let horizon = store
                 .persisted_partition_time()
                 .map_err(|err| store_error(partition, "read the persisted partition time", err))?;

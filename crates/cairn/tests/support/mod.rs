@@ -335,3 +335,19 @@ pub fn run_drop_partition(base_dir: &Path, partition: u16, env: &[(&str, &str)])
         env,
     )
 }
+
+/// GET /metrics on the node's metrics port.
+pub fn scrape(server: &Server) -> String {
+    use std::io::{Read, Write};
+    let address = server.metrics_address().expect("the metrics port is on");
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
