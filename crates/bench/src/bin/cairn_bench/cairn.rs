@@ -53,6 +53,11 @@ impl Node {
         Ok(connections)
     }
 
+    /// A client for the node's admin calls.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        connect(&self.address).await
+    }
+
     /// Stops the node, then removes its folder on a blocking thread.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let stopped = self

@@ -5,10 +5,11 @@
 //! its own that fsyncs every write (`appendfsync always`), with the same clients and shapes; beside
 //! the batched put, raw RocksDB doing synced batched writes (keys in client order and in hash
 //! order). Prints keys/s and p50/p99 latency per request for each, and the ratios Cairn/Redis and
-//! batched put Cairn/raw RocksDB.
+//! batched put Cairn/raw RocksDB. Then a windowed deduplication run on a node of its own
+//! (`window.rs`), which shows the store's size window after window.
 //!
 //! Run: `cargo build --release --workspace && $CARGO_TARGET_DIR/release/cairn-bench
-//! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100]`
+//! [--seconds 10] [--rounds 3] [--clients 32] [--batch 100] [--dedup-windows 8]`
 
 /// jemalloc, for Rust and (unprefixed) for RocksDB's C++: many small allocations per request on
 /// every thread, where it is faster than the system allocator and fragments less.
@@ -19,6 +20,7 @@ mod cairn;
 mod drive;
 mod redis;
 mod rocksdb;
+mod window;
 
 use rocksdb::KeyOrder;
 
@@ -61,6 +63,12 @@ struct Args {
     /// Seconds the Cairn node may take to bring up its partitions
     #[arg(long, default_value_t = 60.0)]
     start_timeout: f64,
+    /// Windows of the windowed dedup run, after the other workloads (0: skip it)
+    #[arg(long, default_value_t = 8)]
+    dedup_windows: usize,
+    /// Length of one window of the windowed dedup run, which is also its keys' TTL
+    #[arg(long, default_value_t = 2)]
+    dedup_window_secs: u64,
     /// The Redis server to compare with; skipped when it is not installed
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
@@ -88,7 +96,10 @@ impl Args {
                 && self.rounds > 0,
             "--clients, --batch, --read-keys, --partitions and --rounds must be at least 1"
         );
-        anyhow::ensure!(self.ttl_secs > 0, "--ttl-secs must be at least 1");
+        anyhow::ensure!(
+            self.ttl_secs > 0 && self.dedup_window_secs > 0,
+            "--ttl-secs and --dedup-window-secs must be at least 1"
+        );
         Ok(())
     }
 }
@@ -114,7 +125,15 @@ fn main() -> anyhow::Result<()> {
         args.clients, args.batch, args.value_bytes, args.seconds, args.rounds, args.partitions
     );
     let (cairn, redis, raw) = runtime.block_on(run_rounds(&args))?;
+    let windows = if args.dedup_windows > 0 {
+        runtime.block_on(window::run(&args))?
+    } else {
+        Vec::new()
+    };
     print_report(&args, &cairn, &redis, raw.as_ref());
+    if !windows.is_empty() {
+        window::print(&args, &windows);
+    }
     Ok(())
 }
 
