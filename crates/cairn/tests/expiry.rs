@@ -6,7 +6,7 @@ mod support;
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry};
 use std::time::Duration;
-use support::{Server, cairnctl, ok, scrape};
+use support::{Server, cairnctl, created_id, ok, scrape};
 
 const KEYS: usize = 1_000_000;
 const BATCH: usize = 10_000;
@@ -48,6 +48,18 @@ async fn store_bytes(client: &Client) -> (u64, u64) {
     total
 }
 
+/// Bytes of the SST files a snapshot lists in its metadata.
+fn snapshot_bytes(address: &str, id: &str) -> u64 {
+    let metadata: serde_json::Value =
+        serde_json::from_str(&ok(cairnctl(address, &["snapshots", "describe", id]))).unwrap();
+    metadata["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["size"].as_u64().unwrap())
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -79,11 +91,14 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
     let before = sst_before + memtables_before;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    let (described, out) = tokio::task::spawn_blocking({
+    let (described, out, snapshots) = tokio::task::spawn_blocking({
         let a = a.clone();
         move || {
             let described = ok(cairnctl(&a, &["partitions", "describe", "-p", "0"]));
-            (described, ok(cairnctl(&a, &["partitions", "compact"])))
+            let before = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+            let out = ok(cairnctl(&a, &["partitions", "compact"]));
+            let after = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+            (described, out, [before, after])
         }
     })
     .await
@@ -125,6 +140,33 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
         counted, KEYS as f64,
         "the metric of dropped values:\n{metrics}"
     );
+
+    // A snapshot carries what compaction left.
+    let [before, after] = snapshots.clone().map(|id| snapshot_bytes(&a, &id));
+    assert!(
+        after * 20 < before,
+        "partition 0's snapshot after compaction holds {after} bytes, before {before}"
+    );
+    // Restored from it, partition 0 replays its log and its keys behave as everywhere else below.
+    tokio::task::spawn_blocking({
+        let (a, id) = (a.clone(), snapshots[1].clone());
+        move || {
+            ok(cairnctl(
+                &a,
+                &[
+                    "--yes",
+                    "partitions",
+                    "restore",
+                    "-p",
+                    "0",
+                    "--snapshot",
+                    &id,
+                ],
+            ))
+        }
+    })
+    .await
+    .unwrap();
 
     let values = for_all_keys(|keys| {
         let client = client.clone();
