@@ -146,16 +146,11 @@ impl Slot {
         }
     }
 
-    /// Compacts the running partition's store (see [`Partition::compact`]); never while a
-    /// restore or a start-up is under way, which replace the store.
+    /// Compacts the running partition's store (see [`Partition::compact`]). Waits for a restore
+    /// or a start-up under way, which replace the store, and for another compaction of it; a
+    /// restore asked for meanwhile waits for the compaction.
     pub async fn compact(&self) -> Result<cairn_worker::Compacted> {
-        let Ok(_no_restore) = self.restoring.try_lock() else {
-            return Err(Error::Stopped {
-                partition: self.id,
-                reason: "it is being restored from a snapshot or started; retry once that is done"
-                    .into(),
-            });
-        };
+        let _one_at_a_time = self.restoring.lock().await;
         self.running()?.compact().await
     }
 

@@ -937,6 +937,66 @@ mod tests {
     }
 
     #[test]
+    fn the_persisted_partition_time_is_what_a_crash_would_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let set_time = |time| {
+            let mut batch = store.write_batch();
+            batch.set_partition_time(time);
+            store.commit(batch).unwrap();
+        };
+        set_time(100);
+        assert_eq!(store.partition_time().unwrap(), 100);
+        // Only in the memtable, which a crash loses: nothing on disk yet.
+        assert_eq!(store.persisted_partition_time().unwrap(), 0);
+        store.flush().unwrap();
+        set_time(200);
+        assert_eq!(store.persisted_partition_time().unwrap(), 100);
+        assert_eq!(store.partition_time().unwrap(), 200);
+    }
+
+    #[test]
+    fn compaction_drops_values_expired_by_the_horizon_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let mut batch = store.write_batch();
+        for (key, expiry) in [
+            ("a", Some(10)),
+            ("b", Some(20)),
+            ("c", Some(21)),
+            ("d", None),
+        ] {
+            batch.put(key.as_bytes(), b"v", expiry);
+        }
+        store.commit(batch).unwrap();
+        store.flush().unwrap();
+        // Rewritten with an expiry: once that passes, the key is gone, not back to its old value.
+        let mut batch = store.write_batch();
+        batch.put(b"d", b"newer", Some(5));
+        store.commit(batch).unwrap();
+
+        store.compact().unwrap();
+        assert_eq!(
+            store.expired_dropped(),
+            0,
+            "no horizon yet: nothing dropped"
+        );
+        store.set_expiry_horizon(20);
+        store.compact().unwrap();
+        assert_eq!(store.expired_dropped(), 3);
+        let present: Vec<bool> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|k| store.get(k.as_bytes()).unwrap().is_some())
+            .collect();
+        assert_eq!(present, [false, false, true, false]);
+        // The horizon never goes back.
+        store.set_expiry_horizon(1);
+        assert_eq!(store.expiry_horizon(), 20);
+    }
+
+    #[test]
     fn multi_get_answers_each_key_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let manager = open(dir.path());
