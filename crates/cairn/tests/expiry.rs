@@ -17,16 +17,17 @@ fn key(i: usize) -> Bytes {
     Bytes::from(format!("dedup-{i:08}"))
 }
 
-/// Runs `request` for every batch of [`KEYS`], [`CONCURRENCY`] at a time, results in key order.
-async fn for_all_keys<T, F, Fut>(request: F) -> Vec<T>
+/// Runs `request` for every batch of the first `n` keys, [`CONCURRENCY`] at a time, results in
+/// key order.
+async fn for_keys<T, F, Fut>(n: usize, request: F) -> Vec<T>
 where
     F: Fn(Vec<Bytes>) -> Fut,
     Fut: std::future::Future<Output = Vec<T>>,
 {
     use futures::StreamExt;
-    let batches = (0..KEYS)
+    let batches = (0..n)
         .step_by(BATCH)
-        .map(|from| (from..(from + BATCH).min(KEYS)).map(key).collect());
+        .map(move |from| (from..(from + BATCH).min(n)).map(key).collect());
     futures::stream::iter(batches)
         .map(request)
         .buffered(CONCURRENCY)
@@ -35,6 +36,46 @@ where
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// Writes the first `n` keys with `ttl`, each with a value of its own so that compression does
+/// not hide them.
+async fn put_keys_expiring(client: &Client, n: usize, ttl: Option<Duration>) {
+    for_keys(n, |keys| {
+        let client = client.clone();
+        async move {
+            let entries = keys
+                .into_iter()
+                .map(|k| PutEntry {
+                    value: Bytes::from(format!("value of {k:?} ").repeat(3)),
+                    key: k,
+                    ttl,
+                })
+                .collect();
+            client.put(entries).await.unwrap();
+            Vec::<()>::new()
+        }
+    })
+    .await;
+}
+
+/// Insert-if-absent of the first `n` keys twice: how many each round admitted.
+async fn admit_twice(client: &Client, n: usize) -> [usize; 2] {
+    let mut admitted = [0; 2];
+    for count in &mut admitted {
+        let inserted = for_keys(n, |keys| {
+            let client = client.clone();
+            async move {
+                client
+                    .insert_if_absent(keys, Bytes::from_static(b"again"), None)
+                    .await
+                    .unwrap()
+            }
+        })
+        .await;
+        *count = inserted.iter().filter(|i| **i).count();
+    }
+    admitted
 }
 
 /// The partitions' store sizes, summed: (bytes in SST files, bytes in memtables).
@@ -69,24 +110,8 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
         .await
         .unwrap();
 
-    // A million keys with a 1 s TTL, each with a value of its own so that compression does not
-    // hide them.
-    for_all_keys(|keys| {
-        let client = client.clone();
-        async move {
-            let entries = keys
-                .into_iter()
-                .map(|k| PutEntry {
-                    value: Bytes::from(format!("value of {k:?} ").repeat(3)),
-                    key: k,
-                    ttl: Some(Duration::from_secs(1)),
-                })
-                .collect();
-            client.put(entries).await.unwrap();
-            Vec::<()>::new()
-        }
-    })
-    .await;
+    // A million keys with a 1 s TTL.
+    put_keys_expiring(&client, KEYS, Some(Duration::from_secs(1))).await;
     let (sst_before, memtables_before) = store_bytes(&client).await;
     let before = sst_before + memtables_before;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -168,7 +193,7 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
     .await
     .unwrap();
 
-    let values = for_all_keys(|keys| {
+    let values = for_keys(KEYS, |keys| {
         let client = client.clone();
         async move { client.get(keys).await.unwrap() }
     })
@@ -180,20 +205,67 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
     );
 
     // Each expired key is free again, for exactly one insert.
-    for round in 0..2 {
-        let inserted = for_all_keys(|keys| {
-            let client = client.clone();
-            async move {
-                client
-                    .insert_if_absent(keys, Bytes::from_static(b"again"), None)
-                    .await
-                    .unwrap()
-            }
-        })
-        .await;
-        let admitted = inserted.iter().filter(|i| **i).count();
-        let expected = if round == 0 { KEYS } else { 0 };
-        assert_eq!(admitted, expected, "keys admitted in round {round}");
-    }
+    assert_eq!(
+        admit_twice(&client, KEYS).await,
+        [KEYS, 0],
+        "keys admitted by each round"
+    );
+    server.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_while_compacting_loses_nothing_and_admits_expired_keys_once() {
+    const EXPIRING: usize = 200_000;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    put_keys_expiring(&client, EXPIRING, Some(Duration::from_secs(1))).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Kept for good, written after the expired ones.
+    let kept: Vec<Bytes> = (0..1_000)
+        .map(|i| Bytes::from(format!("kept-{i}")))
+        .collect();
+    client
+        .put(
+            kept.iter()
+                .map(|k| PutEntry {
+                    key: k.clone(),
+                    value: k.clone(),
+                    ttl: None,
+                })
+                .collect(),
+        )
+        .await
+        .unwrap();
+
+    // SIGKILL while `partitions compact` runs.
+    let mut compact = std::process::Command::new(env!("CARGO_BIN_EXE_cairnctl"))
+        .args(["--address", &server.address, "partitions", "compact"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill();
+    let _ = compact.wait();
+
+    let server = Server::start(dir.path());
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let values = client.get(kept.clone()).await.unwrap();
+    assert_eq!(values, kept.iter().cloned().map(Some).collect::<Vec<_>>());
+    let values = for_keys(EXPIRING, |keys| {
+        let client = client.clone();
+        async move { client.get(keys).await.unwrap() }
+    })
+    .await;
+    assert!(
+        values.iter().all(Option::is_none),
+        "an expired key came back"
+    );
+    assert_eq!(admit_twice(&client, EXPIRING).await, [EXPIRING, 0]);
     server.stop();
 }
