@@ -29,7 +29,7 @@ use cairn_snapshots::SnapshotId;
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use cairn_worker::{
     Clock, Error, Partition, PartitionStatus, RestoreFailure, RestoreProgressFn, RestoreStep,
-    Restored, Restorer, Result, repair_interrupted_restore,
+    Restored, Restorer, Result, blocking, repair_interrupted_restore,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -635,23 +635,6 @@ impl Partitions {
             _ => slot.set(SlotState::Down(err.to_string())),
         }
     }
-}
-
-/// Runs `work` (RocksDB or file-system calls) on a blocking thread: on an async thread it would
-/// stall every task that thread runs. A task that panicked or was cancelled by the runtime's
-/// shut-down is a storage error of `partition` at `context`.
-async fn blocking<T: Send + 'static>(
-    partition: PartitionId,
-    context: &'static str,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| Error::Storage {
-            partition,
-            context,
-            source: err.into(),
-        })
 }
 
 /// Why a partition whose log could not be opened is down, and what to do.

@@ -3,9 +3,8 @@
 
 use crate::partition::Partition;
 use crate::processor::store_error;
-use crate::{Error, Result};
+use crate::{Result, blocking};
 use cairn_partition_store::{PartitionStore, SizeEstimates};
-use cairn_types::PartitionId;
 
 /// A partition store as RocksDB and the compaction filter see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,10 +57,10 @@ impl Partition {
     /// The store's status, read on a blocking thread.
     pub async fn store_status(&self) -> Result<StoreStatus> {
         let store = self.store().clone();
-        on_blocking_thread(self.id(), "read the store's status", move || {
+        blocking(self.id(), "read the store's status", move || {
             StoreStatus::read(&store)
         })
-        .await
+        .await?
     }
 
     /// Compacts the partition's whole store now: flushes it, lets compactions drop every value
@@ -75,7 +74,7 @@ impl Partition {
             self.put(Vec::new()).await?;
         }
         let store = self.store().clone();
-        on_blocking_thread(self.id(), "compact", move || {
+        blocking(self.id(), "compact", move || {
             let partition = store.id();
             // Measured once everything is on disk, so that before and after compare files.
             store
@@ -96,7 +95,7 @@ impl Partition {
                 expired_dropped: after.expired_dropped.saturating_sub(before.expired_dropped),
             })
         })
-        .await
+        .await?
     }
 
     /// Expired values that compactions dropped since the store was opened.
@@ -110,7 +109,7 @@ impl Partition {
         let store = self.store().clone();
         let at_ms = self.partition_time();
         let start = rand::random::<u64>().clamp(self.key_range().start, self.key_range().end);
-        on_blocking_thread(self.id(), "sample values", move || {
+        blocking(self.id(), "sample values", move || {
             let (read, expired) = store
                 .sample_expired(at_ms, start, max)
                 .map_err(|err| store_error(store.id(), "sample values", err))?;
@@ -120,20 +119,6 @@ impl Partition {
                 at_ms,
             })
         })
-        .await
+        .await?
     }
-}
-
-async fn on_blocking_thread<T: Send + 'static>(
-    partition: PartitionId,
-    context: &'static str,
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| Error::Storage {
-            partition,
-            context,
-            source: err.into(),
-        })?
 }

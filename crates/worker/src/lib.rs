@@ -167,3 +167,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Runs `work` (RocksDB or file-system calls) on a blocking thread: on an async thread it would
+/// stall every task that thread runs. A task that panicked or was cancelled by the runtime's
+/// shut-down is a storage error of `partition` at `context`.
+pub async fn blocking<T: Send + 'static>(
+    partition: PartitionId,
+    context: &'static str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| Error::Storage {
+            partition,
+            context,
+            source: err.into(),
+        })
+}
