@@ -542,13 +542,20 @@ impl PartitionStore {
         })
     }
 
-    /// Reads up to `max` data values from `start` (a partition key) on, wrapping around to the
-    /// partition's first key, and counts how many of them have expired at `now_ms`: a sample
-    /// for estimating what a compaction would reclaim, which RocksDB cannot tell by itself.
-    /// Returns (values read, expired among them). Blocks for the reads.
-    pub fn sample_expired(&self, now_ms: u64, start: u64, max: usize) -> Result<(u64, u64)> {
+    /// Reads up to `max` data values (and at most about `bytes_max` bytes of them) from `start`
+    /// (a partition key) on, wrapping around to the partition's first key, and counts how many
+    /// of them have expired at `now_ms`: a sample for estimating what a compaction would
+    /// reclaim, which RocksDB cannot tell by itself. Returns (values read, expired among them).
+    /// Blocks for the reads.
+    pub fn sample_expired(
+        &self,
+        now_ms: u64,
+        start: u64,
+        max: usize,
+        bytes_max: usize,
+    ) -> Result<(u64, u64)> {
         let cf = self.cf()?;
-        let (mut read, mut expired) = (0u64, 0u64);
+        let (mut read, mut expired, mut bytes) = (0u64, 0u64, 0usize);
         let ranges = [
             (keys::data_key_with(start, &[]), None),
             (
@@ -561,9 +568,10 @@ impl PartitionStore {
             options.set_iterate_upper_bound(below.unwrap_or_else(|| vec![keys::TABLE_DATA + 1]));
             let mut iter = self.db.raw_iterator_cf_opt(&cf, options);
             iter.seek(&from);
-            while iter.valid() && (read as usize) < max {
+            while iter.valid() && (read as usize) < max && bytes < bytes_max {
                 if let Some(value) = iter.value() {
                     read += 1;
+                    bytes += value.len();
                     if keys::expiry_of(value).is_some_and(|at| at <= now_ms) {
                         expired += 1;
                     }
@@ -994,6 +1002,35 @@ mod tests {
         // The horizon never goes back.
         store.set_expiry_horizon(1);
         assert_eq!(store.expiry_horizon(), 20);
+    }
+
+    #[test]
+    fn a_sample_wraps_around_and_counts_the_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let mut batch = store.write_batch();
+        for i in 0..10u64 {
+            let expiry = (i < 4).then_some(50);
+            batch.put(format!("k{i}").as_bytes(), &[0; 100], expiry);
+        }
+        store.commit(batch).unwrap();
+        // From the middle of the key space: the values before it are read after the wrap.
+        assert_eq!(
+            store
+                .sample_expired(100, u64::MAX / 2, 1000, 1 << 20)
+                .unwrap(),
+            (10, 4)
+        );
+        assert_eq!(
+            store
+                .sample_expired(10, u64::MAX / 2, 1000, 1 << 20)
+                .unwrap(),
+            (10, 0)
+        );
+        assert_eq!(store.sample_expired(100, 0, 3, 1 << 20).unwrap().0, 3);
+        // Bounded by bytes too: each stored value is 109 bytes.
+        assert_eq!(store.sample_expired(100, 0, 1000, 300).unwrap().0, 3);
     }
 
     #[test]

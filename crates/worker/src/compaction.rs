@@ -6,6 +6,9 @@ use crate::processor::store_error;
 use crate::{Result, blocking};
 use cairn_partition_store::{PartitionStore, SizeEstimates};
 
+/// Bytes of values a sample reads at most: values may be up to 1 MiB each.
+const SAMPLE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
 /// A partition store as RocksDB and the compaction filter see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStatus {
@@ -103,15 +106,15 @@ impl Partition {
         self.store().expired_dropped()
     }
 
-    /// Reads up to `max` values from a random point of the partition and counts those expired
-    /// at the partition's time.
+    /// Reads up to `max` values (at most about 16 MiB of them) from a random point of the
+    /// partition and counts those expired at the partition's time.
     pub async fn sample_expired(&self, max: usize) -> Result<ExpirySample> {
         let store = self.store().clone();
         let at_ms = self.partition_time();
         let start = rand::random::<u64>().clamp(self.key_range().start, self.key_range().end);
         blocking(self.id(), "sample values", move || {
             let (read, expired) = store
-                .sample_expired(at_ms, start, max)
+                .sample_expired(at_ms, start, max, SAMPLE_BYTES_MAX)
                 .map_err(|err| store_error(store.id(), "sample values", err))?;
             Ok(ExpirySample {
                 read,
