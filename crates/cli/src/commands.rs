@@ -491,7 +491,7 @@ async fn partitions_compact(
     let mut failed = Vec::new();
     for id in ids {
         bar.set_message(format!("compacting partition {id}"));
-        match client.compact_partition(id).await {
+        match compact_one(client, id).await {
             Ok(response) => {
                 let size = |info: Option<cairn_client::v1::PartitionStoreInfo>| {
                     info.map(|i| i.live_sst_bytes).unwrap_or_default()
@@ -530,7 +530,7 @@ async fn partitions_compact(
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
-            "Not compacted: partitions {}; `cairnctl partitions list` shows why",
+            "Not compacted: partitions {} (the errors above say why)",
             failed
                 .iter()
                 .map(u32::to_string)
@@ -538,6 +538,24 @@ async fn partitions_compact(
                 .join(", ")
         );
         Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Compacts partition `id` and waits for the end, however long the compaction takes.
+async fn compact_one(
+    client: &Client,
+    id: u32,
+) -> anyhow::Result<cairn_client::v1::CompactPartitionProgress> {
+    let mut stream = client.compact_partition(id).await?;
+    loop {
+        match stream.message().await {
+            Ok(Some(progress)) if progress.done => return Ok(progress),
+            Ok(Some(_started)) => {}
+            Ok(None) => bail!(
+                "the node ended the compaction of partition {id} without saying whether it completed; its log says"
+            ),
+            Err(status) => return Err(client.stream_error(status).into()),
+        }
     }
 }
 

@@ -239,12 +239,12 @@ impl Client {
             .map_err(|s| self.rpc(s))
     }
 
-    /// Compacts a partition's store; returns once RocksDB is done, which for a large partition
-    /// takes a while.
+    /// Compacts a partition's store: a message when it starts, and the last one, with `done`
+    /// set, once RocksDB is done, which for a large partition takes a while.
     pub async fn compact_partition(
         &self,
         partition_id: u32,
-    ) -> Result<v1::CompactPartitionResponse> {
+    ) -> Result<tonic::Streaming<v1::CompactPartitionProgress>> {
         self.admin
             .clone()
             .compact_partition(v1::CompactPartitionRequest { partition_id })

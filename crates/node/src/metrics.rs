@@ -37,6 +37,7 @@ pub(crate) struct Metrics {
     log_tail: IntGaugeVec,
     replay_lag: IntGaugeVec,
     expired_dropped: IntCounterVec,
+    time_ahead: GaugeVec,
 }
 
 impl Metrics {
@@ -127,6 +128,12 @@ impl Metrics {
                 "Expired values that compactions removed from the partition's store.",
                 &["partition"],
             ),
+            time_ahead: float_gauge(
+                "partition_time_ahead_seconds",
+                "How far the partition's time is ahead of this node's clock. It never goes back, \
+                 so a leader whose clock ran ahead moves it, and TTLs then run out early until \
+                 the clocks catch up: alert on it.",
+            ),
             newest_created: Default::default(),
             registry,
         }
@@ -204,6 +211,10 @@ impl Metrics {
                     counter.reset();
                 }
                 counter.inc_by(dropped - counter.get());
+                let ahead_ms = partition.applied_time_ms() as f64 - now * 1000.0;
+                self.time_ahead
+                    .with_label_values(&[&label])
+                    .set((ahead_ms / 1000.0).max(0.0));
             }
             if let Some(archived) = state.archived_lsn(slot.id()) {
                 self.archived_lsn

@@ -96,6 +96,9 @@ pub(crate) struct Slot {
     state: RwLock<SlotState>,
     /// One restore at a time.
     restoring: tokio::sync::Mutex<()>,
+    /// One compaction at a time. A restore takes it too (first), so that it waits for a
+    /// compaction under way; trims do not, so a long compaction holds up no trim.
+    compacting: tokio::sync::Mutex<()>,
 }
 
 impl Slot {
@@ -146,11 +149,11 @@ impl Slot {
         }
     }
 
-    /// Compacts the running partition's store (see [`Partition::compact`]). Waits for a restore
-    /// or a start-up under way, which replace the store, and for another compaction of it; a
-    /// restore asked for meanwhile waits for the compaction.
+    /// Compacts the running partition's store (see [`Partition::compact`]), after any other
+    /// compaction of it; a restore asked for meanwhile waits for it. Refused while a restore or a
+    /// start-up is under way, which replace the store.
     pub async fn compact(&self) -> Result<cairn_worker::Compacted> {
-        let _one_at_a_time = self.restoring.lock().await;
+        let _one_at_a_time = self.compacting.lock().await;
         self.running()?.compact().await
     }
 
@@ -260,6 +263,7 @@ impl Partitions {
                 log,
                 state: RwLock::new(state),
                 restoring: tokio::sync::Mutex::new(()),
+                compacting: tokio::sync::Mutex::new(()),
             });
         }
         Ok(Partitions {
@@ -522,6 +526,7 @@ impl Partitions {
             partition: id,
             failure: RestoreFailure::Unable("no such partition".into()),
         })?;
+        let _no_compaction = slot.compacting.lock().await;
         let _one_at_a_time = slot.restoring.lock().await;
         let previous = slot.state();
         slot.set(SlotState::Restoring);

@@ -695,33 +695,40 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(response))
     }
 
+    type CompactPartitionStream = tokio_stream::wrappers::UnboundedReceiverStream<
+        Result<v1::CompactPartitionProgress, Status>,
+    >;
+
     async fn compact_partition(
         &self,
         request: Request<v1::CompactPartitionRequest>,
-    ) -> Result<Response<v1::CompactPartitionResponse>, Status> {
-        let slot = self.slot(request.into_inner().partition_id)?;
-        let id = slot.id();
+    ) -> Result<Response<Self::CompactPartitionStream>, Status> {
+        let id = self.slot(request.into_inner().partition_id)?.id();
         tracing::info!(partition = %id, "Compact partition command received");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(Ok(v1::CompactPartitionProgress::default()));
         let state = self.state.clone();
         // A task of the node: a caller that gives up does not stop a compaction half-way (RocksDB
-        // could not be stopped anyway), and the answer says what it did if the caller is still
-        // there.
-        let compaction = tokio::spawn(async move {
+        // could not be stopped anyway); one still there gets the figures.
+        tokio::spawn(async move {
             let slot = state.partitions.slot(id).expect("a slot found above");
-            slot.compact().await
+            let message = slot.compact().await.map_err(status_of).map(|compacted| {
+                tracing::info!(partition = %id, expired_dropped = compacted.expired_dropped,
+                               sst_bytes_before = compacted.before.estimates.live_sst_bytes,
+                               sst_bytes_after = compacted.after.estimates.live_sst_bytes,
+                               "partition compacted");
+                v1::CompactPartitionProgress {
+                    done: true,
+                    before: Some(store_info(&compacted.before)),
+                    after: Some(store_info(&compacted.after)),
+                    expired_dropped: compacted.expired_dropped,
+                }
+            });
+            let _ = tx.send(message);
         });
-        let compacted = compaction
-            .await
-            .map_err(|err| Status::internal(format!("the compaction task failed: {err}")))?
-            .map_err(status_of)?;
-        tracing::info!(partition = %id, expired_dropped = compacted.expired_dropped,
-                       sst_bytes_before = compacted.before.estimates.live_sst_bytes,
-                       sst_bytes_after = compacted.after.estimates.live_sst_bytes, "partition compacted");
-        Ok(Response::new(v1::CompactPartitionResponse {
-            before: Some(store_info(&compacted.before)),
-            after: Some(store_info(&compacted.after)),
-            expired_dropped: compacted.expired_dropped,
-        }))
+        Ok(Response::new(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        ))
     }
 
     type RestorePartitionStream = tokio_stream::wrappers::UnboundedReceiverStream<

@@ -65,6 +65,14 @@ pub enum Error {
         what: &'static str,
         detail: String,
     },
+    /// RocksDB's manual compaction reports no status of its own; a background error recorded while
+    /// it ran (a full disk, an I/O error) is how it fails.
+    #[error(
+        "partition store: the compaction of partition {0} did not complete: RocksDB recorded a \
+         background error while it ran (the LOG file in the store's folder says which); free the \
+         disk or fix the error and run it again"
+    )]
+    CompactionFailed(cairn_types::PartitionId),
 }
 
 impl Error {

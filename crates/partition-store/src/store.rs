@@ -517,9 +517,24 @@ impl PartitionStore {
         // tombstones the filter leaves are finally dropped.
         options.set_bottommost_level_compaction(rust_rocksdb::BottommostLevelCompaction::Force);
         options.set_exclusive_manual_compaction(false);
+        let errors_before = self.background_errors()?;
         self.db
             .compact_range_cf_opt(&self.cf()?, None::<&[u8]>, None::<&[u8]>, &options);
+        if self.background_errors()? > errors_before {
+            return Err(Error::CompactionFailed(self.id));
+        }
         Ok(())
+    }
+
+    /// Background errors (failed flushes and compactions) RocksDB counted since it opened.
+    fn background_errors(&self) -> Result<u64> {
+        self.db
+            .property_int_value("rocksdb.background-errors")
+            .map(|v| v.unwrap_or(0))
+            .map_err(|source| Error::RocksDb {
+                context: "read a property",
+                source,
+            })
     }
 
     /// RocksDB's estimates for the partition: keys (live and expired-but-not-yet-dropped alike,

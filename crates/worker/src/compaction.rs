@@ -5,6 +5,10 @@ use crate::partition::Partition;
 use crate::processor::store_error;
 use crate::{Result, blocking};
 use cairn_partition_store::{PartitionStore, SizeEstimates};
+use tracing::warn;
+
+/// How long a compaction waits for the record that brings the partition's time up to the clock.
+const TIME_BUMP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Bytes of values a sample reads at most: values may be up to 1 MiB each.
 const SAMPLE_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -73,8 +77,17 @@ impl Partition {
     pub async fn compact(&self) -> Result<Compacted> {
         // An idle partition's time stays at its last record, so only what expired by then could
         // go: a record that changes nothing else (an empty put) brings it up to the clock first.
+        // Best effort: on a full disk, with leadership moving or a log that does not answer, the
+        // compaction still reclaims what expired by the time already on disk.
         if self.serving_epoch().is_ok() {
-            self.put(Vec::new()).await?;
+            match tokio::time::timeout(TIME_BUMP_TIMEOUT, self.put(Vec::new())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => warn!(partition = %self.id(), "compacting without bringing the \
+                                      partition's time up to the clock first: {err}"),
+                Err(_) => warn!(partition = %self.id(), "compacting without bringing the \
+                                partition's time up to the clock first: the log did not answer \
+                                within {TIME_BUMP_TIMEOUT:?}"),
+            }
         }
         let store = self.store().clone();
         blocking(self.id(), "compact", move || {
@@ -101,6 +114,11 @@ impl Partition {
         .await?
     }
 
+    /// The partition's time as applied (ms since the Unix epoch), without the clock.
+    pub fn applied_time_ms(&self) -> u64 {
+        self.applied_time()
+    }
+
     /// Expired values that compactions dropped since the store was opened.
     pub fn expired_dropped(&self) -> u64 {
         self.store().expired_dropped()
@@ -111,7 +129,7 @@ impl Partition {
     pub async fn sample_expired(&self, max: usize) -> Result<ExpirySample> {
         let store = self.store().clone();
         let at_ms = self.partition_time();
-        let start = rand::random::<u64>().clamp(self.key_range().start, self.key_range().end);
+        let start = rand::random_range(self.key_range().start..=self.key_range().end);
         blocking(self.id(), "sample values", move || {
             let (read, expired) = store
                 .sample_expired(at_ms, start, max, SAMPLE_BYTES_MAX)

@@ -467,6 +467,10 @@ impl Partition {
 
     /// The time reads decide expiry by: the clock, or the partition's time if the clock is
     /// behind it, so that nothing the processor already treats as expired is read as live.
+    pub(crate) fn applied_time(&self) -> u64 {
+        self.shared.time()
+    }
+
     pub(crate) fn partition_time(&self) -> u64 {
         self.clock.now_ms().max(self.shared.time())
     }

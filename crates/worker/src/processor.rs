@@ -263,7 +263,8 @@ impl Processor {
         match self.store.persisted_partition_time() {
             Ok(time) => self.store.set_expiry_horizon(time),
             Err(err) => {
-                warn!(partition = %self.shared.id, "cannot read the persisted partition                               time; expired values are not reclaimed meanwhile: {err}")
+                warn!(partition = %self.shared.id, "cannot read the persisted partition \
+                      time; expired values are not reclaimed meanwhile: {err}")
             }
         }
     }
