@@ -528,8 +528,16 @@ impl PartitionStore {
 
     /// Background errors (failed flushes and compactions) RocksDB counted since it opened.
     fn background_errors(&self) -> Result<u64> {
-        self.db
-            .property_int_value("rocksdb.background-errors")
+        self.int_property(None, "rocksdb.background-errors")
+    }
+
+    /// An integer property of the partition's column family (`cf`), or of the whole store.
+    fn int_property(&self, cf: Option<&Arc<BoundColumnFamily<'_>>>, name: &str) -> Result<u64> {
+        let value = match cf {
+            Some(cf) => self.db.property_int_value_cf(cf, name),
+            None => self.db.property_int_value(name),
+        };
+        value
             .map(|v| v.unwrap_or(0))
             .map_err(|source| Error::RocksDb {
                 context: "read a property",
@@ -541,15 +549,7 @@ impl PartitionStore {
     /// which it cannot tell apart) and bytes of its live SST files.
     pub fn size_estimates(&self) -> Result<SizeEstimates> {
         let cf = self.cf()?;
-        let property = |name: &str| {
-            self.db
-                .property_int_value_cf(&cf, name)
-                .map(|v| v.unwrap_or(0))
-                .map_err(|source| Error::RocksDb {
-                    context: "read a property",
-                    source,
-                })
-        };
+        let property = |name: &str| self.int_property(Some(&cf), name);
         Ok(SizeEstimates {
             keys: property("rocksdb.estimate-num-keys")?,
             live_sst_bytes: property("rocksdb.live-sst-files-size")?,
@@ -689,21 +689,11 @@ impl PartitionStore {
     /// Whether a compaction of this partition is running or queued, or one would be at the next
     /// chance. The count of running compactions is the whole store's.
     pub fn compaction_in_progress(&self) -> Result<bool> {
-        let property = |cf: Option<&Arc<BoundColumnFamily<'_>>>, name: &str| {
-            let value = match cf {
-                Some(cf) => self.db.property_int_value_cf(cf, name),
-                None => self.db.property_int_value(name),
-            };
-            value
-                .map(|v| v.unwrap_or(0))
-                .map_err(|source| Error::RocksDb {
-                    context: "read a property",
-                    source,
-                })
-        };
         let cf = self.cf()?;
-        Ok(property(Some(&cf), "rocksdb.compaction-pending")? > 0
-            || property(None, "rocksdb.num-running-compactions")? > 0)
+        Ok(
+            self.int_property(Some(&cf), "rocksdb.compaction-pending")? > 0
+                || self.int_property(None, "rocksdb.num-running-compactions")? > 0,
+        )
     }
 
     /// Flushes the partition's memtable to SST files.
