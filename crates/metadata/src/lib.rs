@@ -1,12 +1,15 @@
 //! Cluster metadata: which cluster this is, how many partitions it has, and who leads each.
 //!
 //! [`MetadataStore`] is a small versioned key-value store with compare-and-swap. Every change goes
-//! through [`Precondition`], so two writers can never both believe they won. Providers: [`local`]
-//! (a file in the base dir, for a single node).
+//! through [`Precondition`], so two writers can never both believe they won, and a [`Watch`]
+//! follows every version of a key. Providers: [`local`] (a file in the base dir, for a single
+//! node). [`conformance`] (feature `test-util`) is what every provider must pass.
 //!
 //! Architecture invariant: metadata is small and changes rarely. Nothing on the write path of a
 //! key reads it.
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod conformance;
 pub mod local;
 mod records;
 
@@ -70,6 +73,27 @@ pub trait MetadataStore: Send + Sync + 'static {
         value: serde_json::Value,
         precondition: Precondition,
     ) -> Result<Version>;
+
+    /// Every version of `key` from its current one (if it has one) on, in the order they were
+    /// committed, none skipped, for as long as the [`Watch`] is kept.
+    async fn watch(&self, key: &str) -> Result<Watch>;
+}
+
+/// The versions of one key, as [`MetadataStore::watch`] delivers them.
+pub struct Watch {
+    versions: tokio::sync::mpsc::UnboundedReceiver<Versioned>,
+}
+
+impl Watch {
+    /// A watch fed by a provider through `versions`.
+    pub fn new(versions: tokio::sync::mpsc::UnboundedReceiver<Versioned>) -> Watch {
+        Watch { versions }
+    }
+
+    /// The next version; `None` once the store is gone.
+    pub async fn next(&mut self) -> Option<Versioned> {
+        self.versions.recv().await
+    }
 }
 
 /// Reads and decodes a typed record.

@@ -9,7 +9,7 @@
 //! contents until the file is written: a caller that gives up does not cut it short, and memory
 //! and file never disagree.
 
-use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned};
+use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned, Watch};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -21,6 +21,9 @@ use tokio::sync::Mutex;
 #[derive(Default, Serialize, Deserialize)]
 struct Contents {
     entries: BTreeMap<String, Entry>,
+    /// Watchers by key; those whose watch was dropped are removed at the next put of the key.
+    #[serde(skip)]
+    watchers: BTreeMap<String, Vec<tokio::sync::mpsc::UnboundedSender<Versioned>>>,
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -92,6 +95,14 @@ impl LocalMetadataStore {
             };
             return Err(err);
         }
+        // Under the lock that orders the puts: watchers see the versions in commit order.
+        let committed = Versioned {
+            version,
+            value: contents.entries[key].value.clone(),
+        };
+        if let Some(watchers) = contents.watchers.get_mut(key) {
+            watchers.retain(|watcher| watcher.send(committed.clone()).is_ok());
+        }
         Ok(version)
     }
 
@@ -124,6 +135,24 @@ impl MetadataStore for LocalMetadataStore {
             version: e.version,
             value: e.value.clone(),
         }))
+    }
+
+    async fn watch(&self, key: &str) -> Result<Watch> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut contents = self.contents.lock().await;
+        // The current version and the registration under one lock: no put falls in between.
+        if let Some(entry) = contents.entries.get(key) {
+            let _ = tx.send(Versioned {
+                version: entry.version,
+                value: entry.value.clone(),
+            });
+        }
+        contents
+            .watchers
+            .entry(key.to_owned())
+            .or_default()
+            .push(tx);
+        Ok(Watch::new(rx))
     }
 
     async fn put(
@@ -196,6 +225,23 @@ mod tests {
                 value: json!(2)
             })
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_local_provider_conforms() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metadata.json");
+        crate::conformance::run_all(&|case| {
+            let path = path.with_extension(format!("{case}.json"));
+            Box::pin(async move {
+                let store = tokio::task::spawn_blocking(move || LocalMetadataStore::open(&path))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                std::sync::Arc::new(store) as std::sync::Arc<dyn MetadataStore>
+            })
+        })
+        .await;
     }
 
     #[test]

@@ -1,0 +1,196 @@
+//! The conformance suite: what every [`MetadataStore`] provider must do, checked as its users
+//! would notice it (versions handed out, writers refused, values read back and watched), never
+//! through how a provider stores anything.
+//!
+//! [`run_all`] runs every case, each on a store of its own, and panics on the first violation
+//! with a message that names it.
+
+use crate::{Error, MetadataStore, Precondition, Versioned};
+use serde_json::json;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Opens the store of one case, named by its argument: empty the first time a name is given, and
+/// the same data again (as after a restart of the provider) every later time.
+pub type Open<'a> = &'a (dyn Fn(&str) -> BoxFuture<'static, Arc<dyn MetadataStore>> + Sync);
+
+/// How long a case waits for something that should happen before it gives up.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Runs every case in turn.
+pub async fn run_all(open: Open<'_>) {
+    preconditions_decide_every_put(open).await;
+    of_writers_racing_on_one_version_exactly_one_wins(open).await;
+    a_watch_delivers_every_committed_version_in_order(open).await;
+    a_watch_of_a_missing_key_starts_at_its_first_version(open).await;
+    values_survive_a_restart(open).await;
+}
+
+pub async fn preconditions_decide_every_put(open: Open<'_>) {
+    let store = open("preconditions").await;
+    assert_eq!(store.get("k").await.unwrap(), None, "a missing key");
+    let put = |value, precondition| store.put("k", json!(value), precondition);
+    assert_eq!(put(1, Precondition::DoesNotExist).await.unwrap(), 1);
+    for refused in [Precondition::DoesNotExist, Precondition::MatchesVersion(7)] {
+        match put(2, refused).await {
+            Err(Error::PreconditionFailed { current, .. }) => assert_eq!(current, Some(1)),
+            other => panic!("a put with {refused:?} on version 1 gave {other:?}"),
+        }
+    }
+    assert_eq!(put(2, Precondition::MatchesVersion(1)).await.unwrap(), 2);
+    assert_eq!(put(3, Precondition::None).await.unwrap(), 3);
+    assert_eq!(
+        store.get("k").await.unwrap(),
+        Some(Versioned {
+            version: 3,
+            value: json!(3)
+        })
+    );
+}
+
+pub async fn of_writers_racing_on_one_version_exactly_one_wins(open: Open<'_>) {
+    const WRITERS: usize = 16;
+    let store = open("race").await;
+    store
+        .put("leader", json!("nobody"), Precondition::DoesNotExist)
+        .await
+        .unwrap();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let won = store
+                    .put("leader", json!(writer), Precondition::MatchesVersion(1))
+                    .await;
+                (writer, won)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for writer in writers {
+        match writer.await.expect("writer task") {
+            (writer, Ok(version)) => winners.push((writer, version)),
+            (_, Err(Error::PreconditionFailed { .. })) => {}
+            (writer, Err(err)) => panic!("writer {writer} failed otherwise: {err}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "writers that won: {winners:?}");
+    let (winner, version) = winners[0];
+    assert_eq!(version, 2);
+    assert_eq!(
+        store.get("leader").await.unwrap().map(|v| v.value),
+        Some(json!(winner)),
+        "the store holds the winner's value"
+    );
+}
+
+pub async fn a_watch_delivers_every_committed_version_in_order(open: Open<'_>) {
+    const WRITERS: u64 = 4;
+    const INCREMENTS: u64 = 10;
+    let store = open("watch").await;
+    store
+        .put("counter", json!(1), Precondition::DoesNotExist)
+        .await
+        .unwrap();
+    let mut watch = store.watch("counter").await.unwrap();
+    // Concurrent read-modify-write increments: every version holds its own number.
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for _ in 0..INCREMENTS {
+                    loop {
+                        let current = store.get("counter").await.unwrap().unwrap();
+                        let next = json!(current.version + 1);
+                        match store
+                            .put(
+                                "counter",
+                                next,
+                                Precondition::MatchesVersion(current.version),
+                            )
+                            .await
+                        {
+                            Ok(_) => break,
+                            Err(Error::PreconditionFailed { .. }) => continue,
+                            Err(err) => panic!("an increment failed: {err}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.expect("writer task");
+    }
+    for version in 1..=1 + WRITERS * INCREMENTS {
+        let seen = tokio::time::timeout(PATIENCE, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("the watch did not deliver version {version}"));
+        assert_eq!(
+            seen,
+            Some(Versioned {
+                version,
+                value: json!(version)
+            }),
+            "the watch skipped or reordered a version"
+        );
+    }
+}
+
+pub async fn a_watch_of_a_missing_key_starts_at_its_first_version(open: Open<'_>) {
+    let store = open("watch-missing").await;
+    let mut watch = store.watch("later").await.unwrap();
+    let unrelated = store.put("other", json!(0), Precondition::None);
+    unrelated.await.unwrap();
+    store
+        .put("later", json!("first"), Precondition::DoesNotExist)
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(PATIENCE, watch.next())
+        .await
+        .expect("the watch did not deliver the key's first version");
+    assert_eq!(
+        seen,
+        Some(Versioned {
+            version: 1,
+            value: json!("first")
+        }),
+        "only the watched key's versions are delivered"
+    );
+}
+
+pub async fn values_survive_a_restart(open: Open<'_>) {
+    let store = open("restart").await;
+    for (key, value) in [("a", json!({"n": 1})), ("b", json!([1, 2, 3]))] {
+        store.put(key, value, Precondition::None).await.unwrap();
+    }
+    store
+        .put("a", json!({"n": 2}), Precondition::MatchesVersion(1))
+        .await
+        .unwrap();
+    drop(store);
+    let store = open("restart").await;
+    assert_eq!(
+        store.get("a").await.unwrap(),
+        Some(Versioned {
+            version: 2,
+            value: json!({"n": 2})
+        })
+    );
+    assert_eq!(
+        store.get("b").await.unwrap().map(|v| v.value),
+        Some(json!([1, 2, 3]))
+    );
+    // Versions go on from where they were.
+    assert_eq!(
+        store
+            .put("b", json!(null), Precondition::MatchesVersion(1))
+            .await
+            .unwrap(),
+        2
+    );
+}
