@@ -34,19 +34,27 @@ pub async fn preconditions_decide_every_put(open: Open<'_>) {
     let store = open("preconditions").await;
     assert_eq!(store.get("k").await.unwrap(), None, "a missing key");
     let put = |value, precondition| store.put("k", json!(value), precondition);
-    assert_eq!(put(1, Precondition::DoesNotExist).await.unwrap(), 1);
-    for refused in [Precondition::DoesNotExist, Precondition::MatchesVersion(7)] {
+    let first = put(1, Precondition::DoesNotExist).await.unwrap();
+    assert!(first >= 1, "versions start at 1: {first}");
+    for refused in [
+        Precondition::DoesNotExist,
+        Precondition::MatchesVersion(first + 1000),
+    ] {
         match put(2, refused).await {
-            Err(Error::PreconditionFailed { current, .. }) => assert_eq!(current, Some(1)),
-            other => panic!("a put with {refused:?} on version 1 gave {other:?}"),
+            Err(Error::PreconditionFailed { current, .. }) => assert_eq!(current, Some(first)),
+            other => panic!("a put with {refused:?} on version {first} gave {other:?}"),
         }
     }
-    assert_eq!(put(2, Precondition::MatchesVersion(1)).await.unwrap(), 2);
-    assert_eq!(put(3, Precondition::None).await.unwrap(), 3);
+    let second = put(2, Precondition::MatchesVersion(first)).await.unwrap();
+    let third = put(3, Precondition::None).await.unwrap();
+    assert!(
+        first < second && second < third,
+        "versions go up: {first}, {second}, {third}"
+    );
     assert_eq!(
         store.get("k").await.unwrap(),
         Some(Versioned {
-            version: 3,
+            version: third,
             value: json!(3)
         })
     );
@@ -55,7 +63,7 @@ pub async fn preconditions_decide_every_put(open: Open<'_>) {
 pub async fn of_writers_racing_on_one_version_exactly_one_wins(open: Open<'_>) {
     const WRITERS: usize = 16;
     let store = open("race").await;
-    store
+    let first = store
         .put("leader", json!("nobody"), Precondition::DoesNotExist)
         .await
         .unwrap();
@@ -64,7 +72,7 @@ pub async fn of_writers_racing_on_one_version_exactly_one_wins(open: Open<'_>) {
             let store = store.clone();
             tokio::spawn(async move {
                 let won = store
-                    .put("leader", json!(writer), Precondition::MatchesVersion(1))
+                    .put("leader", json!(writer), Precondition::MatchesVersion(first))
                     .await;
                 (writer, won)
             })
@@ -80,11 +88,13 @@ pub async fn of_writers_racing_on_one_version_exactly_one_wins(open: Open<'_>) {
     }
     assert_eq!(winners.len(), 1, "writers that won: {winners:?}");
     let (winner, version) = winners[0];
-    assert_eq!(version, 2);
     assert_eq!(
-        store.get("leader").await.unwrap().map(|v| v.value),
-        Some(json!(winner)),
-        "the store holds the winner's value"
+        store.get("leader").await.unwrap(),
+        Some(Versioned {
+            version,
+            value: json!(winner)
+        }),
+        "the store holds the winner's value at the version it was told"
     );
 }
 
@@ -92,12 +102,12 @@ pub async fn a_watch_delivers_every_committed_version_in_order(open: Open<'_>) {
     const WRITERS: u64 = 4;
     const INCREMENTS: u64 = 10;
     let store = open("watch").await;
-    store
-        .put("counter", json!(1), Precondition::DoesNotExist)
+    let first = store
+        .put("counter", json!(0), Precondition::DoesNotExist)
         .await
         .unwrap();
     let mut watch = store.watch("counter").await.unwrap();
-    // Concurrent read-modify-write increments: every version holds its own number.
+    // Concurrent read-modify-write increments: the n-th version holds n.
     let writers: Vec<_> = (0..WRITERS)
         .map(|_| {
             let store = store.clone();
@@ -105,7 +115,7 @@ pub async fn a_watch_delivers_every_committed_version_in_order(open: Open<'_>) {
                 for _ in 0..INCREMENTS {
                     loop {
                         let current = store.get("counter").await.unwrap().unwrap();
-                        let next = json!(current.version + 1);
+                        let next = json!(current.value.as_u64().unwrap() + 1);
                         match store
                             .put(
                                 "counter",
@@ -126,50 +136,61 @@ pub async fn a_watch_delivers_every_committed_version_in_order(open: Open<'_>) {
     for writer in writers {
         writer.await.expect("writer task");
     }
-    for version in 1..=1 + WRITERS * INCREMENTS {
+    let mut last = first - 1;
+    for n in 0..=WRITERS * INCREMENTS {
         let seen = tokio::time::timeout(PATIENCE, watch.next())
             .await
-            .unwrap_or_else(|_| panic!("the watch did not deliver version {version}"));
+            .unwrap_or_else(|_| panic!("the watch did not deliver the version holding {n}"))
+            .expect("the watch ended");
         assert_eq!(
-            seen,
-            Some(Versioned {
-                version,
-                value: json!(version)
-            }),
+            seen.value,
+            json!(n),
             "the watch skipped or reordered a version"
         );
+        assert!(seen.version > last, "versions go up: {last}, then {seen:?}");
+        last = seen.version;
     }
+    assert_eq!(
+        store.get("counter").await.unwrap().map(|v| v.version),
+        Some(last),
+        "the last version watched is the current one"
+    );
 }
 
 pub async fn a_watch_of_a_missing_key_starts_at_its_first_version(open: Open<'_>) {
     let store = open("watch-missing").await;
     let mut watch = store.watch("later").await.unwrap();
-    let unrelated = store.put("other", json!(0), Precondition::None);
-    unrelated.await.unwrap();
+    store
+        .put("other", json!(0), Precondition::None)
+        .await
+        .unwrap();
     store
         .put("later", json!("first"), Precondition::DoesNotExist)
         .await
         .unwrap();
     let seen = tokio::time::timeout(PATIENCE, watch.next())
         .await
-        .expect("the watch did not deliver the key's first version");
+        .expect("the watch did not deliver the key's first version")
+        .expect("the watch ended");
     assert_eq!(
-        seen,
-        Some(Versioned {
-            version: 1,
-            value: json!("first")
-        }),
+        seen.value,
+        json!("first"),
         "only the watched key's versions are delivered"
     );
 }
 
 pub async fn values_survive_a_restart(open: Open<'_>) {
     let store = open("restart").await;
-    for (key, value) in [("a", json!({"n": 1})), ("b", json!([1, 2, 3]))] {
-        store.put(key, value, Precondition::None).await.unwrap();
-    }
-    store
-        .put("a", json!({"n": 2}), Precondition::MatchesVersion(1))
+    let a = store
+        .put("a", json!({"n": 1}), Precondition::None)
+        .await
+        .unwrap();
+    let a = store
+        .put("a", json!({"n": 2}), Precondition::MatchesVersion(a))
+        .await
+        .unwrap();
+    let b = store
+        .put("b", json!([1, 2, 3]), Precondition::None)
         .await
         .unwrap();
     drop(store);
@@ -177,20 +198,24 @@ pub async fn values_survive_a_restart(open: Open<'_>) {
     assert_eq!(
         store.get("a").await.unwrap(),
         Some(Versioned {
-            version: 2,
+            version: a,
             value: json!({"n": 2})
         })
     );
     assert_eq!(
-        store.get("b").await.unwrap().map(|v| v.value),
-        Some(json!([1, 2, 3]))
+        store.get("b").await.unwrap(),
+        Some(Versioned {
+            version: b,
+            value: json!([1, 2, 3])
+        })
     );
-    // Versions go on from where they were.
-    assert_eq!(
-        store
-            .put("b", json!(null), Precondition::MatchesVersion(1))
-            .await
-            .unwrap(),
-        2
+    // Compare-and-swap goes on from the versions that were there.
+    let after = store
+        .put("b", json!(null), Precondition::MatchesVersion(b))
+        .await
+        .unwrap();
+    assert!(
+        after > b,
+        "versions go up across a restart: {b}, then {after}"
     );
 }

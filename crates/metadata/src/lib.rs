@@ -17,7 +17,10 @@ pub use records::{ClusterRecord, PartitionPlacement, PartitionTable};
 
 use async_trait::async_trait;
 
-/// Version of a stored value; starts at 1 and grows by one with every successful put.
+/// Version of a stored value: at least 1, and higher with every successful put of the key. The
+/// `local` provider counts 1, 2, 3…; a replicated one may skip numbers (a JetStream key-value
+/// bucket's revisions are its stream's sequence, shared by all keys), so callers compare versions
+/// and never count on the next one.
 pub type Version = u64;
 
 #[derive(Debug, Clone, PartialEq)]
