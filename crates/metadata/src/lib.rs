@@ -3,7 +3,7 @@
 //! [`MetadataStore`] is a small versioned key-value store with compare-and-swap. Every change goes
 //! through [`Precondition`], so two writers can never both believe they won, and a [`Watch`]
 //! follows every version of a key. Providers: [`local`] (a file in the base dir, for a single
-//! node). [`conformance`] (feature `test-util`) is what every provider must pass.
+//! node) and [`nats`] (a JetStream key-value bucket, for a cluster). [`conformance`] (feature `test-util`) is what every provider must pass.
 //!
 //! Architecture invariant: metadata is small and changes rarely. Nothing on the write path of a
 //! key reads it.
@@ -11,6 +11,7 @@
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 pub mod local;
+pub mod nats;
 mod records;
 
 pub use records::{ClusterRecord, PartitionPlacement, PartitionTable};
@@ -55,6 +56,12 @@ pub enum Error {
     },
     #[error("metadata store at {path} is corrupt: {detail}")]
     Corrupt { path: String, detail: String },
+    #[error("metadata store (NATS): {context}: {source}")]
+    Nats {
+        context: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("metadata key {key} does not hold a valid {what}: {detail}")]
     Decode {
         key: String,
@@ -78,7 +85,9 @@ pub trait MetadataStore: Send + Sync + 'static {
     ) -> Result<Version>;
 
     /// Every version of `key` from its current one (if it has one) on, in the order they were
-    /// committed, none skipped, for as long as the [`Watch`] is kept.
+    /// committed, none skipped, for as long as the [`Watch`] is kept and read. (A replicated
+    /// provider may bound how far a watcher can fall behind: `nats` by
+    /// [`nats::WATCH_HISTORY`] versions.)
     async fn watch(&self, key: &str) -> Result<Watch>;
 }
 

@@ -1,0 +1,177 @@
+//! The `nats` metadata provider: a JetStream key-value bucket, replicated by JetStream's Raft.
+//!
+//! A key is a subject of the bucket's stream; a version is the revision JetStream gave the put
+//! (the stream's sequence, shared by every key of the bucket, so versions of one key go up but
+//! skip numbers). Compare-and-swap is JetStream's own check of a subject's last sequence
+//! (`Nats-Expected-Last-Subject-Sequence`), so exactly one of several writers racing on one
+//! version wins, whichever node they run on.
+//!
+//! A `watch` is JetStream's key-value watch from the key's newest value on, fed into the
+//! [`Watch`] by a task of its own that ends with the watch. It reads the versions from the
+//! bucket's stream, which keeps the last [`WATCH_HISTORY`] of each key: a watcher that falls
+//! further behind than that misses the versions dropped meanwhile.
+
+use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned, Watch};
+use async_nats::jetstream::kv;
+use async_trait::async_trait;
+use futures::StreamExt;
+
+/// Versions of each key the bucket keeps (JetStream's maximum).
+pub const WATCH_HISTORY: i64 = 64;
+
+/// Where the bucket is and how it is kept.
+#[derive(Debug, Clone)]
+pub struct NatsMetadataOptions {
+    /// NATS server URLs (`nats://host:port`); any of them will do.
+    pub servers: Vec<String>,
+    /// The bucket: one per cluster.
+    pub bucket: String,
+    /// JetStream replicas of the bucket: 3 in a cluster of NATS servers, 1 for a single server.
+    pub replicas: usize,
+}
+
+pub struct NatsMetadataStore {
+    kv: kv::Store,
+}
+
+fn nats_error(
+    context: &'static str,
+) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
+    move |source| Error::Nats { context, source }
+}
+
+impl NatsMetadataStore {
+    /// Connects and creates the bucket if it does not exist yet.
+    pub async fn connect(options: &NatsMetadataOptions) -> Result<NatsMetadataStore> {
+        let client = async_nats::connect(options.servers.join(","))
+            .await
+            .map_err(|e| nats_error("connect to NATS")(e.into()))?;
+        let jetstream = async_nats::jetstream::new(client);
+        let kv = jetstream
+            .create_or_update_key_value(kv::Config {
+                bucket: options.bucket.clone(),
+                // A watch reads the versions from the stream: those it has not reached yet
+                // must still be there. JetStream keeps at most 64 per key.
+                history: WATCH_HISTORY,
+                storage: async_nats::jetstream::stream::StorageType::File,
+                num_replicas: options.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| nats_error("create the metadata bucket")(e.into()))?;
+        Ok(NatsMetadataStore { kv })
+    }
+
+    /// The current version of `key`, for the message of a refused put.
+    async fn current_version(&self, key: &str) -> Option<Version> {
+        self.get(key).await.ok().flatten().map(|v| v.version)
+    }
+}
+
+/// A value as stored: JSON, like the `local` provider's.
+fn decode(key: &str, entry: &kv::Entry) -> Result<Option<Versioned>> {
+    if entry.operation != kv::Operation::Put {
+        return Ok(None);
+    }
+    let value = serde_json::from_slice(&entry.value).map_err(|e| Error::Decode {
+        key: key.to_owned(),
+        what: "JSON value",
+        detail: e.to_string(),
+    })?;
+    Ok(Some(Versioned {
+        version: entry.revision,
+        value,
+    }))
+}
+
+#[async_trait]
+impl MetadataStore for NatsMetadataStore {
+    async fn get(&self, key: &str) -> Result<Option<Versioned>> {
+        let entry = self
+            .kv
+            .entry(key)
+            .await
+            .map_err(|e| nats_error("read a metadata key")(e.into()))?;
+        match entry {
+            Some(entry) => decode(key, &entry),
+            None => Ok(None),
+        }
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: serde_json::Value,
+        precondition: Precondition,
+    ) -> Result<Version> {
+        let raw = bytes::Bytes::from(serde_json::to_vec(&value).expect("encode JSON"));
+        let refused = || async {
+            Err(Error::PreconditionFailed {
+                key: key.to_owned(),
+                expected: precondition,
+                current: self.current_version(key).await,
+            })
+        };
+        match precondition {
+            Precondition::None => self
+                .kv
+                .put(key, raw)
+                .await
+                .map_err(|e| nats_error("write a metadata key")(e.into())),
+            Precondition::DoesNotExist => match self.kv.create(key, raw).await {
+                Ok(version) => Ok(version),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => refused().await,
+                Err(e) => Err(nats_error("create a metadata key")(e.into())),
+            },
+            Precondition::MatchesVersion(version) => {
+                match self.kv.update(key, raw, version).await {
+                    Ok(version) => Ok(version),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => refused().await,
+                    Err(e) => Err(nats_error("update a metadata key")(e.into())),
+                }
+            }
+        }
+    }
+
+    async fn watch(&self, key: &str) -> Result<Watch> {
+        let mut entries = self
+            .kv
+            .watch_with_history(key)
+            .await
+            .map_err(|e| nats_error("watch a metadata key")(e.into()))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    entry = entries.next() => {
+                        let versioned = match entry {
+                            Some(Ok(entry)) => decode(&key, &entry),
+                            // The watch broke (the connection is gone for good): the caller sees
+                            // its `Watch` end.
+                            Some(Err(err)) => {
+                                tracing::warn!(%key, "metadata watch ended: {err}");
+                                return;
+                            }
+                            None => return,
+                        };
+                        match versioned {
+                            Ok(Some(versioned)) => {
+                                if tx.send(versioned).is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(err) => {
+                                tracing::warn!(%key, "metadata watch ended: {err}");
+                                return;
+                            }
+                        }
+                    }
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Watch::new(rx))
+    }
+}
