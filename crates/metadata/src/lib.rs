@@ -13,6 +13,8 @@ pub mod conformance;
 pub mod local;
 pub mod nats;
 mod records;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 pub use records::{ClusterRecord, PartitionPlacement, PartitionTable};
 

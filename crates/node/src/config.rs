@@ -30,9 +30,45 @@ pub struct Config {
     /// Number of partitions, fixed when the cluster is created.
     pub num_partitions: u16,
     pub log: LogConfig,
+    pub metadata: MetadataConfig,
+    pub nats: NatsConfig,
     pub partition_store: PartitionStoreConfig,
     pub worker: WorkerConfig,
     pub metrics: MetricsConfig,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct MetadataConfig {
+    /// `local`: one file in the base dir, for a single node. `nats`: a JetStream key-value bucket
+    /// named after the cluster, on the servers of `[nats]`.
+    pub provider: MetadataProviderKind,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MetadataProviderKind {
+    #[default]
+    Local,
+    Nats,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// NATS servers with JetStream, `nats://host:port`; any of them will do.
+    pub servers: Vec<String>,
+    /// JetStream replicas of what Cairn keeps there: 3 on a cluster of NATS servers, 1 on one.
+    pub replicas: usize,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            servers: vec!["nats://127.0.0.1:4222".into()],
+            replicas: 3,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,6 +212,8 @@ impl Default for Config {
             bind_address: SocketAddr::from(([127, 0, 0, 1], 5122)),
             num_partitions: 16,
             log: LogConfig::default(),
+            metadata: MetadataConfig::default(),
+            nats: NatsConfig::default(),
             partition_store: PartitionStoreConfig::default(),
             worker: WorkerConfig::default(),
             metrics: MetricsConfig::default(),
@@ -354,6 +392,19 @@ impl Config {
                 "log.segment-bytes is {}: it must be at least 1048576 (1 MiB)",
                 self.log.segment_bytes
             )));
+        }
+        if self.metadata.provider == MetadataProviderKind::Nats {
+            if self.nats.servers.is_empty() {
+                return Err(ConfigError(
+                    "metadata.provider is \"nats\" but nats.servers is empty: list the NATS servers, e.g. servers = [\"nats://127.0.0.1:4222\"]".into(),
+                ));
+            }
+            if !(1..=5).contains(&self.nats.replicas) {
+                return Err(ConfigError(format!(
+                    "nats.replicas is {}: JetStream keeps 1 to 5 replicas (1 for a single NATS server, 3 for a cluster of them)",
+                    self.nats.replicas
+                )));
+            }
         }
         if self.partition_store.write_buffer_bytes < 1024 * 1024 {
             return Err(ConfigError(format!(
@@ -630,6 +681,21 @@ mod tests {
             jail.set_env("CAIRN_NODE_NAME", "bad name");
             let err = load(None).unwrap_err().to_string();
             assert!(err.contains("node-name"), "{err}");
+            Ok(())
+        });
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "nats.toml",
+                "[metadata]\nprovider = \"nats\"\n[nats]\nservers = []\n",
+            )?;
+            let err = load(Some("nats.toml")).unwrap_err().to_string();
+            assert!(err.contains("nats.servers is empty"), "{err}");
+            jail.create_file(
+                "nats.toml",
+                "[metadata]\nprovider = \"nats\"\n[nats]\nreplicas = 0\n",
+            )?;
+            let err = load(Some("nats.toml")).unwrap_err().to_string();
+            assert!(err.contains("nats.replicas is 0"), "{err}");
             Ok(())
         });
         Jail::expect_with(|jail| {

@@ -1,6 +1,6 @@
 //! Start-up and shut-down of a node.
 
-use crate::config::{Config, LogProviderKind};
+use crate::config::{Config, LogProviderKind, MetadataProviderKind};
 use crate::metrics::{self, Metrics};
 use crate::partitions::{Partitions, PartitionsConfig};
 use crate::service::{AdminService, KeyValueService};
@@ -11,6 +11,7 @@ use cairn_api::v1::key_value_server::KeyValueServer;
 use cairn_log::LogProvider;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
+use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::{ClusterRecord, MetadataStore, Precondition, get_typed, put_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
@@ -355,14 +356,46 @@ async fn open_cluster(
     config: &Config,
     base_dir: &std::path::Path,
 ) -> anyhow::Result<(Arc<dyn MetadataStore>, ClusterRecord)> {
-    let path = base_dir.join("metadata.json");
-    let metadata: Arc<dyn MetadataStore> = Arc::new(
-        tokio::task::spawn_blocking(move || LocalMetadataStore::open(&path))
-            .await
-            .context("open the metadata store")??,
-    );
+    let metadata: Arc<dyn MetadataStore> = match config.metadata.provider {
+        MetadataProviderKind::Local => {
+            let path = base_dir.join("metadata.json");
+            Arc::new(
+                tokio::task::spawn_blocking(move || LocalMetadataStore::open(&path))
+                    .await
+                    .context("open the metadata store")??,
+            )
+        }
+        MetadataProviderKind::Nats => Arc::new(connect_nats_metadata(config).await?),
+    };
     let cluster = ensure_cluster(metadata.as_ref(), config).await?;
     Ok((metadata, cluster))
+}
+
+/// How long a node waits for NATS at start before it says it cannot reach it.
+const NATS_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The cluster's metadata bucket on NATS: `cairn-<cluster name>`, with the `.` a bucket name may
+/// not hold written `__`.
+async fn connect_nats_metadata(config: &Config) -> anyhow::Result<NatsMetadataStore> {
+    let options = NatsMetadataOptions {
+        servers: config.nats.servers.clone(),
+        bucket: format!("cairn-{}", config.cluster_name.replace('.', "__")),
+        replicas: config.nats.replicas,
+    };
+    let servers = options.servers.join(", ");
+    match tokio::time::timeout(NATS_CONNECT_TIMEOUT, NatsMetadataStore::connect(&options)).await {
+        Ok(connected) => connected.with_context(|| {
+            format!(
+                "cannot open the metadata bucket {} on NATS at {servers}; nats-server must run \
+                 with JetStream (-js), and nats.replicas ({}) must not exceed its servers",
+                options.bucket, options.replicas
+            )
+        }),
+        Err(_) => anyhow::bail!(
+            "cannot reach NATS at {servers} within {NATS_CONNECT_TIMEOUT:?}; start nats-server \
+             with JetStream (-js), or set [nats] servers (CAIRN_NATS__SERVERS) to where it runs"
+        ),
+    }
 }
 
 /// Creates the base dir if needed and locks it; returns its canonical path and the lock.
