@@ -43,7 +43,13 @@ fn nats_error(
 impl NatsMetadataStore {
     /// Connects and creates the bucket if it does not exist yet.
     pub async fn connect(options: &NatsMetadataOptions) -> Result<NatsMetadataStore> {
-        let client = async_nats::connect(options.servers.join(","))
+        let servers = options
+            .servers
+            .iter()
+            .map(|url| url.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| nats_error("read the NATS server URLs")(e.into()))?;
+        let client = async_nats::connect(servers)
             .await
             .map_err(|e| nats_error("connect to NATS")(e.into()))?;
         let jetstream = async_nats::jetstream::new(client);
@@ -66,6 +72,20 @@ impl NatsMetadataStore {
     async fn current_version(&self, key: &str) -> Option<Version> {
         self.get(key).await.ok().flatten().map(|v| v.version)
     }
+}
+
+/// Whether JetStream refused a put for its expected last sequence. A single server reports it as
+/// the client's `WrongLastRevision`/`AlreadyExists`; a clustered stream's refusal reaches the
+/// client as another kind of failed publish that only says so in its text.
+fn wrong_last_sequence(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(err) = source {
+        if err.to_string().contains("wrong last sequence") {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// A value as stored: JSON, like the `local` provider's.
@@ -120,13 +140,23 @@ impl MetadataStore for NatsMetadataStore {
                 .map_err(|e| nats_error("write a metadata key")(e.into())),
             Precondition::DoesNotExist => match self.kv.create(key, raw).await {
                 Ok(version) => Ok(version),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => refused().await,
+                Err(e)
+                    if e.kind() == kv::CreateErrorKind::AlreadyExists
+                        || wrong_last_sequence(&e) =>
+                {
+                    refused().await
+                }
                 Err(e) => Err(nats_error("create a metadata key")(e.into())),
             },
             Precondition::MatchesVersion(version) => {
                 match self.kv.update(key, raw, version).await {
                     Ok(version) => Ok(version),
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => refused().await,
+                    Err(e)
+                        if e.kind() == kv::UpdateErrorKind::WrongLastRevision
+                            || wrong_last_sequence(&e) =>
+                    {
+                        refused().await
+                    }
                     Err(e) => Err(nats_error("update a metadata key")(e.into())),
                 }
             }

@@ -9,18 +9,26 @@ pub struct NatsServer {
     child: Child,
     port: u16,
     dir: std::path::PathBuf,
+    /// More arguments, kept for a restart (a cluster member's name and routes).
+    args: Vec<String>,
 }
 
 impl NatsServer {
     /// Starts one on `port` (0: any free port) and waits until it accepts clients.
     pub fn start(dir: &std::path::Path, port: u16) -> NatsServer {
+        Self::start_with(dir, port, Vec::new())
+    }
+
+    fn start_with(dir: &std::path::Path, port: u16, args: Vec<String>) -> NatsServer {
         let port_arg = if port == 0 {
             "-1".to_string()
         } else {
             port.to_string()
         };
         let mut child = Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &port_arg, "-sd"])
+            .args(["-js", "-a", "127.0.0.1", "-p", &port_arg])
+            .args(&args)
+            .arg("-sd")
             .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -44,6 +52,7 @@ impl NatsServer {
             child,
             port,
             dir: dir.to_path_buf(),
+            args,
         }
     }
 
@@ -60,7 +69,55 @@ impl NatsServer {
             assert!(Instant::now() < deadline, "nats-server did not stop");
             std::thread::sleep(Duration::from_millis(20));
         }
-        *self = NatsServer::start(&self.dir.clone(), self.port);
+        *self = NatsServer::start_with(&self.dir.clone(), self.port, self.args.clone());
+    }
+}
+
+/// Three `nats-server`s with JetStream routed into one cluster on loopback, each with its data in
+/// a folder of its own under `dir`.
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    pub fn start(dir: &std::path::Path) -> NatsCluster {
+        const SERVERS: usize = 3;
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let client_ports: Vec<u16> = (0..SERVERS).map(|_| free_port()).collect();
+        let route_ports: Vec<u16> = (0..SERVERS).map(|_| free_port()).collect();
+        let routes = route_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let servers = (0..SERVERS)
+            .map(|i| {
+                let args = vec![
+                    "--server_name".into(),
+                    format!("n{i}"),
+                    "--cluster_name".into(),
+                    "cairn-test".into(),
+                    "--cluster".into(),
+                    format!("nats://127.0.0.1:{}", route_ports[i]),
+                    "--routes".into(),
+                    routes.clone(),
+                ];
+                let server_dir = dir.join(format!("n{i}"));
+                NatsServer::start_with(&server_dir, client_ports[i], args)
+            })
+            .collect();
+        NatsCluster { servers }
+    }
+
+    /// Every server's client URL.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(NatsServer::url).collect()
     }
 }
 
