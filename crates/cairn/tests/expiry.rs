@@ -85,6 +85,20 @@ async fn assert_kept(client: &Client, kept: &[Bytes]) {
     assert_eq!(lost.count(), 0, "keys that never expire were lost");
 }
 
+/// Asserts that every one of the first `n` keys reads as absent.
+async fn assert_all_absent(client: &Client, n: usize) {
+    let values = for_keys(n, |keys| {
+        let client = client.clone();
+        async move { client.get(keys).await.unwrap() }
+    })
+    .await;
+    assert!(
+        values.iter().all(Option::is_none),
+        "{} expired keys still read as present",
+        values.iter().filter(|v| v.is_some()).count()
+    );
+}
+
 /// Insert-if-absent of the first `n` keys twice: how many each round admitted.
 async fn admit_twice(client: &Client, n: usize) -> [usize; 2] {
     let mut admitted = [0; 2];
@@ -223,16 +237,7 @@ async fn expired_keys_are_reclaimed_by_compaction_and_admitted_again_once() {
     .await
     .unwrap();
 
-    let values = for_keys(KEYS, |keys| {
-        let client = client.clone();
-        async move { client.get(keys).await.unwrap() }
-    })
-    .await;
-    assert!(
-        values.iter().all(Option::is_none),
-        "{} expired keys still read as present",
-        values.iter().filter(|v| v.is_some()).count()
-    );
+    assert_all_absent(&client, KEYS).await;
 
     assert_kept(&client, &kept).await;
 
@@ -273,15 +278,7 @@ async fn a_node_killed_while_compacting_loses_nothing_and_admits_expired_keys_on
         .await
         .unwrap();
     assert_kept(&client, &kept).await;
-    let values = for_keys(EXPIRING, |keys| {
-        let client = client.clone();
-        async move { client.get(keys).await.unwrap() }
-    })
-    .await;
-    assert!(
-        values.iter().all(Option::is_none),
-        "an expired key came back"
-    );
+    assert_all_absent(&client, EXPIRING).await;
     assert_eq!(admit_twice(&client, EXPIRING).await, [EXPIRING, 0]);
     server.stop();
 }

@@ -18,7 +18,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Kv(command) => kv(&client, global, command).await,
         Command::Partitions(PartitionsCommand::List) => partitions_list(&client, global).await,
         Command::Partitions(PartitionsCommand::Describe { partition_id }) => {
-            partitions_describe(&client, partition_id).await
+            partitions_describe(&client, global, partition_id).await
         }
         Command::Partitions(PartitionsCommand::Compact { partition_id }) => {
             partitions_compact(&client, global, partition_id).await
@@ -413,7 +413,11 @@ async fn logs_trim(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn partitions_describe(client: &Client, partition_id: u32) -> anyhow::Result<ExitCode> {
+async fn partitions_describe(
+    client: &Client,
+    global: &GlobalOptions,
+    partition_id: u32,
+) -> anyhow::Result<ExitCode> {
     let response = client.describe_partition(partition_id).await?;
     let p = response.partition.unwrap_or_default();
     println!("partition        {}", p.partition_id);
@@ -436,8 +440,9 @@ async fn partitions_describe(client: &Client, partition_id: u32) -> anyhow::Resu
         println!("store            not serving here: no estimates");
         return Ok(ExitCode::SUCCESS);
     };
-    println!("partition time   {}", show_time_ms(store.partition_time_ms));
-    println!("expiry horizon   {}", show_time_ms(store.expiry_horizon_ms));
+    let time = |ms| show_time_ms(ms, global.time_format);
+    println!("partition time   {}", time(store.partition_time_ms));
+    println!("expiry horizon   {}", time(store.expiry_horizon_ms));
     println!(
         "keys             ~{} (live and expired alike)",
         store.estimated_keys
@@ -462,13 +467,14 @@ async fn partitions_describe(client: &Client, partition_id: u32) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ`, or `-` for 0 (no record applied yet).
-fn show_time_ms(ms: u64) -> String {
+/// A time in ms since the Unix epoch as `--time-format` asks, or `-` for 0 (no record applied
+/// yet).
+fn show_time_ms(ms: u64, format: crate::args::TimeFormat) -> String {
     if ms == 0 {
         return "-".into();
     }
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-        .to_string()
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    show_time(&humantime::format_rfc3339_millis(at).to_string(), format)
 }
 
 async fn partitions_compact(

@@ -34,10 +34,14 @@ pub struct NatsMetadataStore {
     kv: kv::Store,
 }
 
-fn nats_error(
+/// For `map_err`: a NATS client error as this crate's, with what was being done.
+fn nats_error<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
     context: &'static str,
-) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
-    move |source| Error::Nats { context, source }
+) -> impl FnOnce(E) -> Error {
+    move |source| Error::Nats {
+        context,
+        source: source.into(),
+    }
 }
 
 impl NatsMetadataStore {
@@ -48,10 +52,10 @@ impl NatsMetadataStore {
             .iter()
             .map(|url| url.parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| nats_error("read the NATS server URLs")(e.into()))?;
+            .map_err(nats_error("read the NATS server URLs"))?;
         let client = async_nats::connect(servers)
             .await
-            .map_err(|e| nats_error("connect to NATS")(e.into()))?;
+            .map_err(nats_error("connect to NATS"))?;
         let jetstream = async_nats::jetstream::new(client);
         let kv = jetstream
             .create_or_update_key_value(kv::Config {
@@ -64,7 +68,7 @@ impl NatsMetadataStore {
                 ..Default::default()
             })
             .await
-            .map_err(|e| nats_error("create the metadata bucket")(e.into()))?;
+            .map_err(nats_error("create the metadata bucket"))?;
         Ok(NatsMetadataStore { kv })
     }
 
@@ -111,7 +115,7 @@ impl MetadataStore for NatsMetadataStore {
             .kv
             .entry(key)
             .await
-            .map_err(|e| nats_error("read a metadata key")(e.into()))?;
+            .map_err(nats_error("read a metadata key"))?;
         match entry {
             Some(entry) => decode(key, &entry),
             None => Ok(None),
@@ -137,7 +141,7 @@ impl MetadataStore for NatsMetadataStore {
                 .kv
                 .put(key, raw)
                 .await
-                .map_err(|e| nats_error("write a metadata key")(e.into())),
+                .map_err(nats_error("write a metadata key")),
             Precondition::DoesNotExist => match self.kv.create(key, raw).await {
                 Ok(version) => Ok(version),
                 Err(e)
@@ -146,7 +150,7 @@ impl MetadataStore for NatsMetadataStore {
                 {
                     refused().await
                 }
-                Err(e) => Err(nats_error("create a metadata key")(e.into())),
+                Err(e) => Err(nats_error("create a metadata key")(e)),
             },
             Precondition::MatchesVersion(version) => {
                 match self.kv.update(key, raw, version).await {
@@ -157,7 +161,7 @@ impl MetadataStore for NatsMetadataStore {
                     {
                         refused().await
                     }
-                    Err(e) => Err(nats_error("update a metadata key")(e.into())),
+                    Err(e) => Err(nats_error("update a metadata key")(e)),
                 }
             }
         }
@@ -168,7 +172,7 @@ impl MetadataStore for NatsMetadataStore {
             .kv
             .watch_with_history(key)
             .await
-            .map_err(|e| nats_error("watch a metadata key")(e.into()))?;
+            .map_err(nats_error("watch a metadata key"))?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let key = key.to_owned();
         tokio::spawn(async move {
@@ -177,12 +181,7 @@ impl MetadataStore for NatsMetadataStore {
                     entry = entries.next() => {
                         let versioned = match entry {
                             Some(Ok(entry)) => decode(&key, &entry),
-                            // The watch broke (the connection is gone for good): the caller sees
-                            // its `Watch` end.
-                            Some(Err(err)) => {
-                                tracing::warn!(%key, "metadata watch ended: {err}");
-                                return;
-                            }
+                            Some(Err(err)) => Err(nats_error("watch a metadata key")(err)),
                             None => return,
                         };
                         match versioned {
@@ -192,6 +191,8 @@ impl MetadataStore for NatsMetadataStore {
                                 }
                             }
                             Ok(None) => {}
+                            // The watch broke (the connection is gone for good) or a value does
+                            // not decode: the caller sees its `Watch` end.
                             Err(err) => {
                                 tracing::warn!(%key, "metadata watch ended: {err}");
                                 return;

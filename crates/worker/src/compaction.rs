@@ -114,11 +114,6 @@ impl Partition {
         .await?
     }
 
-    /// The partition's time as applied (ms since the Unix epoch), without the clock.
-    pub fn applied_time_ms(&self) -> u64 {
-        self.applied_time()
-    }
-
     /// Expired values that compactions dropped since the store was opened.
     pub fn expired_dropped(&self) -> u64 {
         self.store().expired_dropped()

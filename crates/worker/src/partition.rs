@@ -357,14 +357,11 @@ impl Partition {
         // lives only in memory and is replayed from the log after a crash, so those records must
         // stay in the log until they are on disk.
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.flush())
-            .await
-            .map_err(|err| Error::Storage {
-                partition: self.id(),
-                context: "flush before trimming the log",
-                source: err.into(),
-            })?
-            .map_err(|err| store_error(self.id(), "flush before trimming the log", err))?;
+        crate::blocking(self.id(), "flush before trimming the log", move || {
+            store.flush()
+        })
+        .await?
+        .map_err(|err| store_error(self.id(), "flush before trimming the log", err))?;
         self.log
             .trim(up_to)
             .await
@@ -465,12 +462,13 @@ impl Partition {
         self.propose_at(epoch, command).await
     }
 
-    /// The time reads decide expiry by: the clock, or the partition's time if the clock is
-    /// behind it, so that nothing the processor already treats as expired is read as live.
-    pub(crate) fn applied_time(&self) -> u64 {
+    /// The partition's time as applied (ms since the Unix epoch), without the clock.
+    pub fn applied_time_ms(&self) -> u64 {
         self.shared.time()
     }
 
+    /// The time reads decide expiry by: the clock, or the partition's time if the clock is
+    /// behind it, so that nothing the processor already treats as expired is read as live.
     pub(crate) fn partition_time(&self) -> u64 {
         self.clock.now_ms().max(self.shared.time())
     }
@@ -615,18 +613,13 @@ pub async fn read_shares(
     {
         return Ok(values);
     }
-    tokio::task::spawn_blocking(move || {
+    crate::blocking(first, "read keys", move || {
         read_with(&shares, key_count, chunk, bytes_max, |store, keys| {
             store.multi_get(keys).map(Some)
         })
         .map(|values| values.unwrap_or_default())
     })
-    .await
-    .map_err(|err| Error::Storage {
-        partition: first,
-        context: "read keys",
-        source: err.into(),
-    })?
+    .await?
 }
 
 struct Unregister<'a> {

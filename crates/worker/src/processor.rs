@@ -104,7 +104,7 @@ impl Processor {
     pub async fn run(mut self, cancel: CancellationToken) {
         let partition = self.shared.id;
         info!(%partition, applied_lsn = %self.applied, "partition processor started");
-        self.refresh_expiry_horizon(true);
+        self.refresh_expiry_horizon();
         let result = self.apply_loop(&cancel).await;
         let reason = match result {
             Ok(()) => "shut down".to_string(),
@@ -236,7 +236,7 @@ impl Processor {
                     self.applied = applied.lsn;
                     self.leader = applied.leader;
                     self.time = applied.time;
-                    self.refresh_expiry_horizon(false);
+                    self.refresh_expiry_horizon();
                     // Records the run did not reach (it stopped at a bad one) are not applied.
                     return match applied.stopped {
                         Some(err) => Err(err),
@@ -249,13 +249,13 @@ impl Processor {
     }
 
     /// Moves the compaction filter's horizon up to the partition time of what the store has on
-    /// disk (see ARCHITECTURE.md, *Expiry*), at most every [`HORIZON_REFRESH`] unless `now`. A
-    /// failed read only leaves the horizon where it is: expired values then wait longer.
-    fn refresh_expiry_horizon(&mut self, now: bool) {
-        if !now
-            && self
-                .horizon_refreshed
-                .is_some_and(|at| at.elapsed() < HORIZON_REFRESH)
+    /// disk (see ARCHITECTURE.md, *Expiry*), at most every [`HORIZON_REFRESH`] (the first call
+    /// always). A failed read only leaves the horizon where it is: expired values then wait
+    /// longer.
+    fn refresh_expiry_horizon(&mut self) {
+        if self
+            .horizon_refreshed
+            .is_some_and(|at| at.elapsed() < HORIZON_REFRESH)
         {
             return;
         }
