@@ -11,8 +11,9 @@
 //! readable, and its append acknowledged, only once it is durable.
 //!
 //! Architecture invariant: this crate knows nothing of what the records mean (they are opaque
-//! bytes) and nothing of RocksDB, gRPC or object stores. Providers: [`local`] (embedded, one node).
-//! Every provider must pass [`conformance`].
+//! bytes) and nothing of RocksDB, gRPC or object stores. Providers: [`local`] (embedded, one node)
+//! and [`nats`] (one JetStream stream per log, for a cluster). Every provider must pass
+//! [`conformance`].
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 #[cfg(any(test, feature = "test-util"))]
 pub mod conformance;
 pub mod local;
+pub mod nats;
 
 /// One record read back from a log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +90,50 @@ pub enum Error {
         offset: Option<u64>,
         detail: String,
     },
+    /// NATS failed `context`: it is unreachable, JetStream is off, or the log's stream has no
+    /// quorum. Nothing else is wrong; the call may succeed once NATS answers again.
+    #[error("log {log_id}: {context}: {source}")]
+    Nats {
+        log_id: LogId,
+        context: &'static str,
+        #[source]
+        source: BoxError,
+    },
+    /// No NATS server could be reached to open the logs.
+    #[error("cannot reach NATS at {servers}: {source}")]
+    Connect {
+        servers: String,
+        #[source]
+        source: BoxError,
+    },
+    /// The append was refused because the log's tail was not where this writer expected it:
+    /// another writer appended meanwhile (a leader that lost its leadership, for instance), or
+    /// an earlier append of this writer failed. Nothing of it was written; later appends go on.
+    #[error(
+        "log {log_id}: append refused: the log no longer ends at LSN {expected}, where this \
+         writer expected it; nothing of it was written, and a retry may succeed"
+    )]
+    TailMoved { log_id: LogId, expected: Lsn },
+    /// NATS did not say within `waited` whether the append was written: it may or may not be
+    /// in the log. Reading the log tells.
+    #[error(
+        "log {log_id}: NATS did not confirm the append within {waited:?}; it may or may not have \
+         been written"
+    )]
+    OutcomeUnknown {
+        log_id: LogId,
+        waited: std::time::Duration,
+    },
+    /// One append held more records than the provider can write atomically.
+    #[error(
+        "log {log_id}: an append of {records} records exceeds the limit of {limit} records per \
+         append"
+    )]
+    BatchTooLarge {
+        log_id: LogId,
+        records: usize,
+        limit: usize,
+    },
     /// The log could not be opened (for instance [`Error::Corrupt`]); every call on it fails
     /// with why. Lets a node keep its other logs serving.
     #[error("{source}")]
@@ -112,6 +158,9 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The source of an error that comes from a client library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// One partition's log.
 #[async_trait]
 pub trait Loglet: Send + Sync + 'static {
@@ -134,7 +183,15 @@ pub trait Loglet: Send + Sync + 'static {
     /// moves backwards; trimming below it is a no-op.
     async fn trim(&self, up_to: Lsn) -> Result<()>;
 
+    /// Where the log stands as far as this node has seen: exact for the node that appends to
+    /// it, and at most behind by what has not reached this node yet for the others.
     async fn state(&self) -> Result<LogState>;
+
+    /// Where the log stands, asked of whatever keeps it: every append acknowledged anywhere
+    /// before the call is counted. Costs a round trip for a provider kept elsewhere.
+    async fn find_tail(&self) -> Result<LogState> {
+        self.state().await
+    }
 }
 
 /// Opens the logs of one node.

@@ -67,8 +67,15 @@ fn log_status(source: &cairn_log::Error, message: String) -> Status {
     }
     match source {
         L::Trimmed { .. } => Status::failed_precondition(message),
-        L::RecordTooLarge { .. } => Status::invalid_argument(message),
-        L::Shutdown { .. } | L::NotOpened { .. } => Status::unavailable(message),
+        L::RecordTooLarge { .. } | L::BatchTooLarge { .. } => Status::invalid_argument(message),
+        // Worth a retry: NATS answers again, or the next append finds the tail where it is.
+        L::Shutdown { .. }
+        | L::NotOpened { .. }
+        | L::Nats { .. }
+        | L::Connect { .. }
+        | L::TailMoved { .. } => Status::unavailable(message),
+        // Not worth a blind retry: it may have been written.
+        L::OutcomeUnknown { .. } => Status::deadline_exceeded(message),
         L::Corrupt { .. } => Status::data_loss(message),
         L::Io { .. } | L::DiskFull { .. } => Status::internal(message),
     }
