@@ -89,7 +89,8 @@ impl Default for MetricsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// `local`: an embedded log in the base dir, for a single node.
+    /// `local`: an embedded log in the base dir, for a single node. `nats`: one JetStream
+    /// stream per partition on the servers of `[nats]`, for a cluster.
     pub provider: LogProviderKind,
     /// Size at which the local log starts a new segment file, in bytes.
     pub segment_bytes: u64,
@@ -99,6 +100,7 @@ pub struct LogConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum LogProviderKind {
     Local,
+    Nats,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -392,6 +394,19 @@ impl Config {
                 "log.segment-bytes is {}: it must be at least 1048576 (1 MiB)",
                 self.log.segment_bytes
             )));
+        }
+        if self.log.provider == LogProviderKind::Nats {
+            if self.metadata.provider != MetadataProviderKind::Nats {
+                return Err(ConfigError(
+                    "log.provider is \"nats\" but metadata.provider is not: a cluster keeps its logs and its metadata in NATS, set [metadata] provider = \"nats\" too".into(),
+                ));
+            }
+            if self.worker.snapshots.destination.is_none() {
+                return Err(ConfigError(format!(
+                    "log.provider is \"nats\" (a cluster) but worker.snapshots.destination is unset, so each node would keep its snapshots in its own base dir ({}) where the others cannot restore them: set [worker.snapshots] destination to a repository every node reaches (\"s3://bucket/prefix\", or a folder they all see), or to \"none\"",
+                    self.base_dir.join("pp-snapshots").display()
+                )));
+            }
         }
         if self.metadata.provider == MetadataProviderKind::Nats {
             if self.nats.servers.is_empty() {
@@ -696,6 +711,25 @@ mod tests {
             )?;
             let err = load(Some("nats.toml")).unwrap_err().to_string();
             assert!(err.contains("nats.replicas is 0"), "{err}");
+            // A cluster: logs in NATS need the metadata there and a repository every node sees.
+            jail.create_file("cluster.toml", "[log]\nprovider = \"nats\"\n")?;
+            let err = load(Some("cluster.toml")).unwrap_err().to_string();
+            assert!(err.contains("[metadata] provider = \"nats\""), "{err}");
+            jail.create_file(
+                "cluster.toml",
+                "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n",
+            )?;
+            let err = load(Some("cluster.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("[worker.snapshots] destination") && err.contains("pp-snapshots"),
+                "{err}"
+            );
+            jail.create_file(
+                "cluster.toml",
+                "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
+                 [worker.snapshots]\ndestination = \"s3://bucket/cairn\"\n",
+            )?;
+            load(Some("cluster.toml")).expect("a cluster's configuration");
             Ok(())
         });
         Jail::expect_with(|jail| {

@@ -10,6 +10,7 @@ use cairn_api::v1::admin_server::AdminServer;
 use cairn_api::v1::key_value_server::KeyValueServer;
 use cairn_log::LogProvider;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
+use cairn_log::nats::{NatsLogOptions, NatsLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::{ClusterRecord, MetadataStore, Precondition, get_typed, put_typed};
@@ -376,10 +377,10 @@ const NATS_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 
 /// The cluster's metadata bucket on NATS: `cairn-<cluster name>`, with the `.` a bucket name may
 /// not hold written `__`.
-async fn connect_nats_metadata(config: &Config) -> anyhow::Result<NatsMetadataStore> {
+pub(crate) async fn connect_nats_metadata(config: &Config) -> anyhow::Result<NatsMetadataStore> {
     let options = NatsMetadataOptions {
         servers: config.nats.servers.clone(),
-        bucket: format!("cairn-{}", config.cluster_name.replace('.', "__")),
+        bucket: format!("cairn-{}", nats_name(config)),
         replicas: config.nats.replicas,
     };
     let servers = options.servers.join(", ");
@@ -396,6 +397,25 @@ async fn connect_nats_metadata(config: &Config) -> anyhow::Result<NatsMetadataSt
              with JetStream (-js), or set [nats] servers (CAIRN_NATS__SERVERS) to where it runs"
         ),
     }
+}
+
+/// The partitions' logs on NATS: one stream per partition, named after the cluster.
+pub(crate) async fn connect_nats_logs(config: &Config) -> anyhow::Result<NatsLogProvider> {
+    let mut options = NatsLogOptions::new(config.nats.servers.clone(), nats_name(config));
+    options.replicas = config.nats.replicas;
+    let servers = options.servers.join(", ");
+    match tokio::time::timeout(NATS_CONNECT_TIMEOUT, NatsLogProvider::connect(options)).await {
+        Ok(connected) => connected.context("open the partitions' logs on NATS"),
+        Err(_) => anyhow::bail!(
+            "cannot reach NATS at {servers} within {NATS_CONNECT_TIMEOUT:?}; start nats-server \
+             with JetStream (-js), or set [nats] servers (CAIRN_NATS__SERVERS) to where it runs"
+        ),
+    }
+}
+
+/// The cluster's name where NATS allows no `.` (bucket and stream names, subject tokens).
+fn nats_name(config: &Config) -> String {
+    config.cluster_name.replace('.', "__")
 }
 
 /// Creates the base dir if needed and locks it; returns its canonical path and the lock.
@@ -433,11 +453,15 @@ async fn open_storage(
         write_buffer_bytes: config.partition_store.write_buffer_bytes,
         ..StoreOptions::default()
     };
-    let provider = config.log.provider;
+    let nats_logs: Option<Arc<dyn LogProvider>> = match config.log.provider {
+        LogProviderKind::Local => None,
+        LogProviderKind::Nats => Some(Arc::new(connect_nats_logs(config).await?)),
+    };
     // Opening both reads and recovers files: off the async threads.
     tokio::task::spawn_blocking(move || {
-        let logs: Arc<dyn LogProvider> = match provider {
-            LogProviderKind::Local => Arc::new(
+        let logs: Arc<dyn LogProvider> = match nats_logs {
+            Some(logs) => logs,
+            None => Arc::new(
                 LocalLogProvider::open(log_dir, log_options).context("open the local log")?,
             ),
         };

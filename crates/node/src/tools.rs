@@ -1,12 +1,12 @@
 //! Offline tools for operators: they work on a node's base dir while the node is stopped.
 
-use crate::config::Config;
-use crate::node::{lock_base_dir, open_repository};
+use crate::config::{Config, LogProviderKind, MetadataProviderKind};
+use crate::node::{connect_nats_logs, connect_nats_metadata, lock_base_dir, open_repository};
 use anyhow::{Context, bail};
 use cairn_log::LogProvider;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
-use cairn_metadata::{ClusterRecord, get_typed};
+use cairn_metadata::{ClusterRecord, MetadataStore, get_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_types::{Lsn, PartitionId};
 
@@ -72,14 +72,19 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
         .context("start the async runtime")?;
     // The runtime's context without running it: what is opened here may spawn tasks on it.
     let _runtime_context = runtime.enter();
-    let logs = LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
-        .context("open the local log")?;
+    let logs: Box<dyn LogProvider> = match config.log.provider {
+        LogProviderKind::Local => Box::new(
+            LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
+                .context("open the local log")?,
+        ),
+        LogProviderKind::Nats => Box::new(runtime.block_on(connect_nats_logs(config))?),
+    };
     let log_state = runtime.block_on(async {
         let log = logs
             .open(cairn_types::LogId::from(partition))
             .await
             .with_context(|| format!("open the log of partition {partition}"))?;
-        anyhow::Ok(log.state().await?)
+        anyhow::Ok(log.find_tail().await?)
     })?;
     let (trim_point, tail) = (log_state.trim_point, log_state.tail);
     if trim_point == Lsn::ZERO {
@@ -95,10 +100,15 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
         .base_dir
         .canonicalize()
         .with_context(|| format!("resolve {}", config.base_dir.display()))?;
-    let metadata = LocalMetadataStore::open(&base_dir.join("metadata.json"))
-        .context("open the node's metadata")?;
+    let metadata: Box<dyn MetadataStore> = match config.metadata.provider {
+        MetadataProviderKind::Local => Box::new(
+            LocalMetadataStore::open(&base_dir.join("metadata.json"))
+                .context("open the node's metadata")?,
+        ),
+        MetadataProviderKind::Nats => Box::new(runtime.block_on(connect_nats_metadata(config))?),
+    };
     let Some((_, cluster)) = runtime.block_on(get_typed::<ClusterRecord>(
-        &metadata,
+        metadata.as_ref(),
         ClusterRecord::KEY,
         "cluster record",
     ))?
