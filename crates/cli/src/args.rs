@@ -78,6 +78,9 @@ pub enum Command {
     /// Partition snapshots
     #[command(subcommand)]
     Snapshots(SnapshotsCommand),
+    /// The cluster's nodes
+    #[command(subcommand)]
+    Nodes(NodesCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -168,6 +171,13 @@ fn parse_ttl(text: &str) -> anyhow::Result<Duration> {
         );
     }
     Ok(ttl)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodesCommand {
+    /// List every node that joined the cluster: its address, whether it is alive, when it was
+    /// last heard from, and how many partitions it leads and follows
+    List,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,7 +1,8 @@
 //! What each subcommand does.
 
 use crate::args::{
-    Cli, Command, GlobalOptions, KvCommand, LogsCommand, PartitionsCommand, SnapshotsCommand,
+    Cli, Command, GlobalOptions, KvCommand, LogsCommand, NodesCommand, PartitionsCommand,
+    SnapshotsCommand,
 };
 use crate::output::{show_bytes, show_bytes_count, show_time, table};
 use anyhow::{Context, bail};
@@ -36,7 +37,33 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             force,
         }) => logs_trim(&client, global, log_id, trim_point, force).await,
         Command::Snapshots(command) => snapshots(&client, global, command).await,
+        Command::Nodes(NodesCommand::List) => nodes_list(&client, global).await,
     }
+}
+
+async fn nodes_list(client: &Client, global: &GlobalOptions) -> anyhow::Result<ExitCode> {
+    let nodes = client.list_nodes().await?;
+    let mut t = table(
+        global.table_style,
+        &["NODE", "ADDRESS", "STATUS", "LAST SEEN", "LEADS", "FOLLOWS"],
+    );
+    for n in nodes {
+        let last_seen = if n.last_seen_ms == 0 {
+            "stopped".to_string()
+        } else {
+            show_time_ms(n.last_seen_ms, global.time_format)
+        };
+        t.add_row(vec![
+            n.name,
+            n.address,
+            if n.alive { "alive" } else { "dead" }.to_string(),
+            last_seen,
+            n.leads.to_string(),
+            n.follows.to_string(),
+        ]);
+    }
+    println!("{t}");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn snapshots(
@@ -320,6 +347,7 @@ async fn partitions_list(client: &Client, global: &GlobalOptions) -> anyhow::Res
             "ID",
             "KEY RANGE",
             "LEADER",
+            "FOLLOWERS",
             "EPOCH",
             "APPLIED LSN",
             "LOG TRIM POINT",
@@ -336,6 +364,11 @@ async fn partitions_list(client: &Client, global: &GlobalOptions) -> anyhow::Res
                 "-".into()
             } else {
                 p.leader
+            },
+            if p.followers.is_empty() {
+                "-".into()
+            } else {
+                p.followers.join(",")
             },
             p.epoch.to_string(),
             p.applied_lsn.to_string(),

@@ -209,6 +209,17 @@ impl Client {
         Ok(response.into_inner().inserted)
     }
 
+    /// Every node that joined the cluster.
+    pub async fn list_nodes(&self) -> Result<Vec<v1::NodeInfo>> {
+        let response = self
+            .admin
+            .clone()
+            .list_nodes(v1::ListNodesRequest {})
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response.into_inner().nodes)
+    }
+
     pub async fn describe_cluster(&self) -> Result<v1::DescribeClusterResponse> {
         self.admin
             .clone()

@@ -16,7 +16,10 @@ mod records;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 
-pub use records::{ClusterRecord, PartitionPlacement, PartitionTable};
+pub use records::{
+    ClusterRecord, ControllerLease, Members, NodeRecord, Observed, ObservedPartition,
+    PartitionPlacement, PartitionTable,
+};
 
 use async_trait::async_trait;
 

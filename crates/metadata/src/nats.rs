@@ -16,6 +16,13 @@ use async_nats::jetstream::kv;
 use async_trait::async_trait;
 use futures::StreamExt;
 
+/// How long connecting waits for a NATS server to answer.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long opening the bucket keeps trying while JetStream does not answer (a cluster of NATS
+/// servers that has just started elects its leaders first).
+const OPEN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Versions of each key the bucket keeps (JetStream's maximum).
 pub const WATCH_HISTORY: i64 = 64;
 
@@ -53,23 +60,51 @@ impl NatsMetadataStore {
             .map(|url| url.parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(nats_error("read the NATS server URLs"))?;
-        let client = async_nats::connect(servers)
+        let client = tokio::time::timeout(CONNECT_TIMEOUT, async_nats::connect(servers))
             .await
+            .map_err(|_| {
+                nats_error("connect to NATS")(format!(
+                    "no server answered within {CONNECT_TIMEOUT:?}"
+                ))
+            })?
             .map_err(nats_error("connect to NATS"))?;
         let jetstream = async_nats::jetstream::new(client);
-        let kv = jetstream
-            .create_or_update_key_value(kv::Config {
-                bucket: options.bucket.clone(),
-                // A watch reads the versions from the stream: those it has not reached yet
-                // must still be there. JetStream keeps at most 64 per key.
-                history: WATCH_HISTORY,
-                storage: async_nats::jetstream::stream::StorageType::File,
-                num_replicas: options.replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(nats_error("create the metadata bucket"))?;
-        Ok(NatsMetadataStore { kv })
+        let config = kv::Config {
+            bucket: options.bucket.clone(),
+            // A watch reads the versions from the stream: those it has not reached yet must
+            // still be there. JetStream keeps at most 64 per key.
+            history: WATCH_HISTORY,
+            storage: async_nats::jetstream::stream::StorageType::File,
+            num_replicas: options.replicas,
+            ..Default::default()
+        };
+        // Several nodes open the bucket at once, and a JetStream cluster that has just started
+        // answers nothing for a while: looked up first, created if missing, looked up again if
+        // another node created it meanwhile, all of it retried for `OPEN_PATIENCE`.
+        let deadline = std::time::Instant::now() + OPEN_PATIENCE;
+        loop {
+            let attempt: std::result::Result<kv::Store, Box<dyn std::error::Error + Send + Sync>> =
+                match jetstream.get_key_value(&options.bucket).await {
+                    Ok(kv) => Ok(kv),
+                    Err(_) => jetstream
+                        .create_key_value(config.clone())
+                        .await
+                        .map_err(Into::into),
+                };
+            // A new bucket answers reads only once its stream has a leader.
+            let attempt = match attempt {
+                Ok(kv) => kv.entry("cluster").await.map(|_| kv).map_err(Into::into),
+                Err(err) => Err(err),
+            };
+            match attempt {
+                Ok(kv) => return Ok(NatsMetadataStore { kv }),
+                Err(err) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(bucket = %options.bucket, "opening the bucket, again: {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                Err(err) => return Err(nats_error("create the metadata bucket")(err)),
+            }
+        }
     }
 
     /// The current version of `key`, for the message of a refused put.

@@ -97,7 +97,8 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
             () = cancel.cancelled() => return,
         }
         for slot in state.partitions.slots() {
-            let Ok(partition) = slot.running() else {
+            // Only a partition's leader snapshots it (a follower's store may lag).
+            let Some(partition) = slot.running().ok().filter(|p| p.leads()) else {
                 continue;
             };
             let applied = partition.applied_lsn();
@@ -178,7 +179,8 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
             () = cancel.cancelled() => return,
         }
         for slot in state.partitions.slots() {
-            if slot.running().is_err() {
+            // Only a partition's leader trims its log.
+            if !slot.running().is_ok_and(|p| p.leads()) {
                 continue;
             }
             state.refresh_archived_lsn(slot.id()).await;

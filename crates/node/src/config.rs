@@ -27,6 +27,10 @@ pub struct Config {
     pub base_dir: PathBuf,
     /// Address of the gRPC port (the key-value and admin services).
     pub bind_address: SocketAddr,
+    /// Where other nodes and clients reach this node's gRPC port (`host:port`), in a cluster.
+    /// Unset: `bind-address`, which must then not be a wildcard address.
+    pub advertised_address: Option<String>,
+    pub cluster: ClusterConfig,
     /// Number of partitions, fixed when the cluster is created.
     pub num_partitions: u16,
     pub log: LogConfig,
@@ -35,6 +39,25 @@ pub struct Config {
     pub partition_store: PartitionStoreConfig,
     pub worker: WorkerConfig,
     pub metrics: MetricsConfig,
+}
+
+/// How a cluster places its partitions (`[log] provider = "nats"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Nodes a new cluster waits for before it places its partitions.
+    pub initial_nodes: usize,
+    /// Followers of each partition, on nodes other than its leader's, ready to take over.
+    pub standbys: usize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            initial_nodes: 1,
+            standbys: 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -212,6 +235,8 @@ impl Default for Config {
             node_name: "n1".into(),
             base_dir: PathBuf::from("cairn-data"),
             bind_address: SocketAddr::from(([127, 0, 0, 1], 5122)),
+            advertised_address: None,
+            cluster: ClusterConfig::default(),
             num_partitions: 16,
             log: LogConfig::default(),
             metadata: MetadataConfig::default(),
@@ -401,6 +426,17 @@ impl Config {
                     "log.provider is \"nats\" but metadata.provider is not: a cluster keeps its logs and its metadata in NATS, set [metadata] provider = \"nats\" too".into(),
                 ));
             }
+            if self.advertised_address.is_none() && self.bind_address.ip().is_unspecified() {
+                return Err(ConfigError(format!(
+                    "bind-address {} listens on every interface, so it says nothing about where the other nodes reach this one: set advertised-address (CAIRN_ADVERTISED_ADDRESS) to this node's host:port",
+                    self.bind_address
+                )));
+            }
+            if self.cluster.initial_nodes == 0 {
+                return Err(ConfigError(
+                    "cluster.initial-nodes is 0: a cluster waits for at least 1 node before it places its partitions".into(),
+                ));
+            }
             if self.worker.snapshots.destination.is_none() {
                 return Err(ConfigError(format!(
                     "log.provider is \"nats\" (a cluster) but worker.snapshots.destination is unset, so each node would keep its snapshots in its own base dir ({}) where the others cannot restore them: set [worker.snapshots] destination to a repository every node reaches (\"s3://bucket/prefix\", or a folder they all see), or to \"none\"",
@@ -432,6 +468,19 @@ impl Config {
 }
 
 impl Config {
+    /// Whether this node is one of a cluster: its logs and metadata in NATS, its partitions
+    /// placed by the controller.
+    pub fn cluster_mode(&self) -> bool {
+        self.log.provider == LogProviderKind::Nats
+    }
+
+    /// Where the other nodes reach this one.
+    pub fn advertised_address(&self) -> String {
+        self.advertised_address
+            .clone()
+            .unwrap_or_else(|| self.bind_address.to_string())
+    }
+
     /// Whether the node has a snapshot repository.
     pub fn snapshots_enabled(&self) -> bool {
         self.worker.snapshots.destination.as_deref() != Some(NO_DESTINATION)

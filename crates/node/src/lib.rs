@@ -5,7 +5,9 @@
 //! protocol and the worker; it holds no storage logic of its own.
 
 mod background;
+mod cluster;
 pub mod config;
+mod forward;
 mod metrics;
 mod node;
 mod partitions;

@@ -1,6 +1,8 @@
 //! Start-up and shut-down of a node.
 
+use crate::cluster;
 use crate::config::{Config, LogProviderKind, MetadataProviderKind};
+use crate::forward::Routes;
 use crate::metrics::{self, Metrics};
 use crate::partitions::{Partitions, PartitionsConfig};
 use crate::service::{AdminService, KeyValueService};
@@ -13,7 +15,9 @@ use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_log::nats::{NatsLogOptions, NatsLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
-use cairn_metadata::{ClusterRecord, MetadataStore, Precondition, get_typed, put_typed};
+use cairn_metadata::{
+    ClusterRecord, MetadataStore, NodeRecord, PartitionTable, Precondition, get_typed, put_typed,
+};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
 use cairn_types::{Lsn, NodeId, PartitionId};
@@ -43,6 +47,9 @@ pub(crate) struct NodeState {
     pub tmp_dir: PathBuf,
     pub metrics: Arc<Metrics>,
     pub config: Config,
+    pub metadata: Arc<dyn MetadataStore>,
+    /// In a cluster, where each partition's leader is.
+    pub routes: Routes,
 }
 
 impl NodeState {
@@ -252,6 +259,24 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
 
     let (metadata, cluster) = open_cluster(&config, &base_dir).await?;
     let node = NodeId(config.node_name.clone());
+    let registered = if config.cluster_mode() {
+        let instance = instance_id(base_dir.clone()).await?;
+        let record = NodeRecord {
+            name: node.clone(),
+            address: config
+                .advertised_address
+                .clone()
+                .unwrap_or_else(|| local_addr.to_string()),
+            instance,
+            generation: 0,
+            started_at_ms: 0,
+            heartbeat_ms: 0,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        Some(cluster::register(metadata.as_ref(), record).await?)
+    } else {
+        None
+    };
     let (logs, stores) = open_storage(&config, &base_dir).await?;
 
     let metrics_listener = match config.metrics.bind_address {
@@ -273,6 +298,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             policy: config.worker.snapshot_restore_policy,
             metrics: metrics.clone(),
             staging_root: base_dir.join("restore-staging"),
+            cluster: config.cluster_mode(),
         },
         logs.as_ref(),
     )
@@ -288,6 +314,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         tmp_dir,
         metrics,
         config,
+        metadata: metadata.clone(),
+        routes: Routes::new(),
     });
     load_archived_lsns(&state).await;
     let cancel = CancellationToken::new();
@@ -300,7 +328,25 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         base_dir.display()
     );
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let background = spawn_background(&state, metrics_listener, &cancel);
+    let mut background = spawn_background(&state, metrics_listener, &cancel, registered.is_none());
+    if let Some((version, record)) = registered {
+        let placement = cluster::PlacementOptions {
+            num_partitions: cluster.num_partitions,
+            initial_nodes: state.config.cluster.initial_nodes,
+            standbys: state.config.cluster.standbys,
+        };
+        background.push(tokio::spawn(cluster::run(
+            metadata.clone(),
+            record,
+            version,
+            placement,
+            cancel.clone(),
+        )));
+        background.push(tokio::spawn(follow_placement(
+            state.clone(),
+            cancel.clone(),
+        )));
+    }
     Ok(RunningNode {
         local_addr,
         metrics_addr,
@@ -372,8 +418,9 @@ async fn open_cluster(
     Ok((metadata, cluster))
 }
 
-/// How long a node waits for NATS at start before it says it cannot reach it.
-const NATS_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// What a node that cannot reach NATS says to do.
+const NATS_REMEDY: &str = "start nats-server with JetStream (-js), or set [nats] servers \
+                           (CAIRN_NATS__SERVERS) to where it runs";
 
 /// The cluster's metadata bucket on NATS: `cairn-<cluster name>`, with the `.` a bucket name may
 /// not hold written `__`.
@@ -384,33 +431,34 @@ pub(crate) async fn connect_nats_metadata(config: &Config) -> anyhow::Result<Nat
         replicas: config.nats.replicas,
     };
     let servers = options.servers.join(", ");
-    match tokio::time::timeout(NATS_CONNECT_TIMEOUT, NatsMetadataStore::connect(&options)).await {
-        Ok(connected) => connected.with_context(|| {
-            format!(
+    NatsMetadataStore::connect(&options).await.map_err(|err| {
+        let reached = !matches!(
+            &err,
+            cairn_metadata::Error::Nats {
+                context: "connect to NATS",
+                ..
+            }
+        );
+        let err = anyhow::Error::new(err);
+        if reached {
+            err.context(format!(
                 "cannot open the metadata bucket {} on NATS at {servers}; nats-server must run \
                  with JetStream (-js), and nats.replicas ({}) must not exceed its servers",
                 options.bucket, options.replicas
-            )
-        }),
-        Err(_) => anyhow::bail!(
-            "cannot reach NATS at {servers} within {NATS_CONNECT_TIMEOUT:?}; start nats-server \
-             with JetStream (-js), or set [nats] servers (CAIRN_NATS__SERVERS) to where it runs"
-        ),
-    }
+            ))
+        } else {
+            err.context(format!("cannot reach NATS at {servers}; {NATS_REMEDY}"))
+        }
+    })
 }
 
 /// The partitions' logs on NATS: one stream per partition, named after the cluster.
 pub(crate) async fn connect_nats_logs(config: &Config) -> anyhow::Result<NatsLogProvider> {
     let mut options = NatsLogOptions::new(config.nats.servers.clone(), nats_name(config));
     options.replicas = config.nats.replicas;
-    let servers = options.servers.join(", ");
-    match tokio::time::timeout(NATS_CONNECT_TIMEOUT, NatsLogProvider::connect(options)).await {
-        Ok(connected) => connected.context("open the partitions' logs on NATS"),
-        Err(_) => anyhow::bail!(
-            "cannot reach NATS at {servers} within {NATS_CONNECT_TIMEOUT:?}; start nats-server \
-             with JetStream (-js), or set [nats] servers (CAIRN_NATS__SERVERS) to where it runs"
-        ),
-    }
+    NatsLogProvider::connect(options)
+        .await
+        .with_context(|| format!("open the partitions' logs on NATS; {NATS_REMEDY}"))
 }
 
 /// The cluster's name where NATS allows no `.` (bucket and stream names, subject tokens).
@@ -588,11 +636,113 @@ fn serve_grpc(
     tokio::spawn(server)
 }
 
-/// The metrics port, automatic snapshots and trimming, and the bring-up of the partitions.
+/// In a cluster: follows the partition table and reconciles the partitions with every version
+/// of it (intent → what this node runs), and keeps the routes to the leaders.
+async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
+    let mut watch = loop {
+        match state.metadata.watch(PartitionTable::KEY).await {
+            Ok(watch) => break watch,
+            Err(err) => {
+                tracing::warn!("watch the partition table: {err}");
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    () = cancel.cancelled() => return,
+                }
+            }
+        }
+    };
+    let mut table = PartitionTable::default();
+    let mut serving = None;
+    loop {
+        let next = tokio::select! {
+            version = watch.next() => version,
+            // Again now and then with the same intent: a partition that stopped (its log trimmed
+            // past its store) or could not start is started again, and node addresses refreshed.
+            () = tokio::time::sleep(RECONCILE_INTERVAL) => None,
+            () = cancel.cancelled() => return,
+        };
+        if let Some(mut latest) = next {
+            // Only the newest version matters: skip those already superseded.
+            while let Some(Some(newer)) = futures::FutureExt::now_or_never(watch.next()) {
+                latest = newer;
+            }
+            match serde_json::from_value(latest.value) {
+                Ok(newest) => table = newest,
+                Err(err) => {
+                    tracing::error!(
+                        "the partition table in the metadata store cannot be read: {err}"
+                    );
+                    continue;
+                }
+            }
+            state
+                .partitions
+                .table_version
+                .store(latest.version, std::sync::atomic::Ordering::Relaxed);
+        }
+        state
+            .routes
+            .update(state.metadata.as_ref(), table.clone())
+            .await;
+        tokio::select! {
+            () = state.partitions.reconcile(&table) => {}
+            () = cancel.cancelled() => return,
+        }
+        let running: Vec<bool> = state
+            .partitions
+            .slots()
+            .iter()
+            .filter_map(|slot| slot.running().ok().map(|p| p.leads()))
+            .collect();
+        let now = (
+            running.iter().filter(|leads| **leads).count(),
+            running.iter().filter(|leads| !**leads).count(),
+        );
+        if table.partitions.values().any(|p| p.leader.is_some()) && serving != Some(now) {
+            info!(
+                "{} of {} partitions serving on this node as leader, {} as follower",
+                now.0,
+                state.partitions.slots().len(),
+                now.1
+            );
+            serving = Some(now);
+        }
+    }
+}
+
+/// How often a node reconciles what it runs with an unchanged partition table.
+const RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The random id of this base dir (`<base-dir>/node-instance`, made at its first start): a node
+/// restarted on it is the same node, one on another base dir with the same name is not.
+async fn instance_id(base_dir: PathBuf) -> anyhow::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        let path = base_dir.join("node-instance");
+        match std::fs::read_to_string(&path) {
+            Ok(id) => return Ok(id.trim().to_string()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err).with_context(|| format!("read {}", path.display())),
+        }
+        let id = format!("{:032x}", rand::random::<u128>());
+        let staged = base_dir.join("node-instance.tmp");
+        std::fs::write(&staged, &id)
+            .and_then(|()| std::fs::File::open(&staged)?.sync_all())
+            .and_then(|()| std::fs::rename(&staged, &path))
+            .and_then(|()| std::fs::File::open(&base_dir)?.sync_all())
+            .with_context(|| format!("write {}", path.display()))?;
+        Ok(id)
+    })
+    .await
+    .context("read this node's instance id")?
+}
+
+/// The metrics port, automatic snapshots and trimming, and (alone) the bring-up of the
+/// partitions; in a cluster the placement brings them up.
 fn spawn_background(
     state: &Arc<NodeState>,
     metrics_listener: Option<tokio::net::TcpListener>,
     cancel: &CancellationToken,
+    bring_up_all: bool,
 ) -> Vec<JoinHandle<()>> {
     let mut background = Vec::new();
     if let Some(listener) = metrics_listener {
@@ -603,6 +753,9 @@ fn spawn_background(
         )));
     }
     background.extend(crate::background::spawn(state.clone(), cancel.clone()));
+    if !bring_up_all {
+        return background;
+    }
     // Partitions come up while the node serves: a long restore leaves admin calls, metrics and
     // the other partitions available, and requests to a partition not up yet say so.
     let bring_up = state.clone();

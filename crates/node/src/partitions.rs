@@ -18,6 +18,7 @@
 //! disk fault): its next records would get LSNs the store already applied, and a restart would
 //! serve different records at them. Nothing in a bring-up waits without a bound.
 
+use crate::cluster::Role;
 use crate::config::RestorePolicy;
 use crate::metrics::Metrics;
 use cairn_log::Loglet;
@@ -48,6 +49,8 @@ enum SlotState {
     Restoring,
     /// The node is bringing it up (repair, maybe a restore, replay).
     Starting,
+    /// In a cluster: placed on other nodes only, or not placed yet.
+    Elsewhere,
 }
 
 /// Why a partition cannot start: the sentence its slot shows while it is down.
@@ -146,6 +149,10 @@ impl Slot {
                     "the node is still starting it (restoring or replaying its log); retry shortly"
                         .into(),
             }),
+            SlotState::Elsewhere => Err(Error::NotLeader {
+                partition: self.id,
+                leader: None,
+            }),
         }
     }
 
@@ -197,6 +204,7 @@ impl Slot {
                     stopped: Some(match other {
                         SlotState::Down(reason) => reason,
                         SlotState::Starting => "starting".into(),
+                        SlotState::Elsewhere => "not on this node".into(),
                         _ => "restoring from a snapshot".into(),
                     }),
                 }
@@ -217,6 +225,9 @@ pub(crate) struct Partitions {
     metrics: Arc<Metrics>,
     /// Where restores stage their downloads; repaired at every start.
     staging_root: std::path::PathBuf,
+    /// In a cluster, the controller decides who leads: a node leads only the partitions the
+    /// partition table places on it. Alone, a node leads every partition.
+    cluster: bool,
     pub table_version: AtomicU64,
 }
 
@@ -230,6 +241,7 @@ pub(crate) struct PartitionsConfig {
     pub policy: RestorePolicy,
     pub metrics: Arc<Metrics>,
     pub staging_root: std::path::PathBuf,
+    pub cluster: bool,
 }
 
 impl Partitions {
@@ -276,6 +288,7 @@ impl Partitions {
             policy: config.policy,
             metrics: config.metrics,
             staging_root: config.staging_root,
+            cluster: config.cluster,
             table_version: AtomicU64::new(0),
         })
     }
@@ -332,6 +345,93 @@ impl Partitions {
                 false
             }
         }
+    }
+
+    /// Brings what this node runs in line with the partition table (in a cluster): it leads
+    /// the partitions placed on it as leader, follows those it follows (tailing and applying
+    /// their logs, ready to take over) and stops the others. A partition that cannot start stays
+    /// down with the reason and is tried again at the next reconcile.
+    pub async fn reconcile(&self, table: &PartitionTable) {
+        let permits = tokio::sync::Semaphore::new(BRING_UP_CONCURRENCY);
+        let permits = &permits;
+        futures::future::join_all(self.slots.iter().map(|slot| async move {
+            let _permit = permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
+            self.reconcile_one(slot, crate::cluster::role(table, slot.id, &self.node))
+                .await
+        }))
+        .await;
+    }
+
+    async fn reconcile_one(&self, slot: &Slot, role: Role) {
+        let _one_at_a_time = slot.restoring.lock().await;
+        let running = match slot.state() {
+            // A processor that stopped (its log was trimmed past its store, say) starts again,
+            // restoring first if it must.
+            SlotState::Running(partition) => match partition.stopped() {
+                None => Some(partition),
+                Some(reason) => {
+                    warn!(partition = %slot.id, "starting it again: {reason}");
+                    partition.shutdown().await;
+                    None
+                }
+            },
+            SlotState::Restoring => return,
+            _ => None,
+        };
+        if let Some(partition) = running {
+            match role {
+                Role::Leader if partition.leads() => return,
+                Role::Follower if !partition.leads() => return,
+                Role::Leader => {
+                    // A follower the controller made leader.
+                    match self.lead(&partition).await {
+                        Ok(()) => info!(partition = %slot.id, "this node now leads it"),
+                        Err(err) => warn!(partition = %slot.id, "cannot lead it: {err}"),
+                    }
+                    return;
+                }
+                // Led here, now placed elsewhere (or this node stops following it): stop,
+                // and follow again below if it should.
+                Role::Follower | Role::None => {
+                    partition.shutdown().await;
+                    slot.set(SlotState::Elsewhere);
+                }
+            }
+        }
+        if role == Role::None {
+            if !matches!(slot.state(), SlotState::Down(_)) {
+                slot.set(SlotState::Elsewhere);
+            }
+            return;
+        }
+        slot.set(SlotState::Starting);
+        let store = match self.prepare(slot).await {
+            Ok(store) => store,
+            Err(reason) => {
+                error!(partition = %slot.id, "partition is not serving: {reason}");
+                slot.set(SlotState::Down(reason.to_string()));
+                return;
+            }
+        };
+        let partition = match self.start_processor(slot, store).await {
+            Ok(partition) => partition,
+            Err(err) => {
+                slot.set(SlotState::Down(err.to_string()));
+                return;
+            }
+        };
+        if role == Role::Leader {
+            if let Err(reason) = self.lead(&partition).await {
+                partition.shutdown().await;
+                slot.set(SlotState::Down(reason.to_string()));
+                return;
+            }
+            info!(partition = %slot.id, "leading");
+        }
+        slot.set(SlotState::Running(partition));
     }
 
     pub fn slots(&self) -> &[Slot] {
@@ -488,13 +588,19 @@ impl Partitions {
             .leader
             .map(|l| l.epoch)
             .unwrap_or_default();
-        let epoch = take_leadership(self.metadata.as_ref(), &self.node, partition.id(), seen)
-            .await
-            .map(|(version, epoch)| {
-                self.table_version.store(version, Ordering::Relaxed);
-                epoch
-            })
-            .map_err(NotLeading::Record)?;
+        let epoch = take_leadership(
+            self.metadata.as_ref(),
+            &self.node,
+            partition.id(),
+            seen,
+            self.cluster,
+        )
+        .await
+        .map(|(version, epoch)| {
+            self.table_version.store(version, Ordering::Relaxed);
+            epoch
+        })
+        .map_err(NotLeading::Record)?;
         let started = Instant::now();
         let from = partition.applied_lsn();
         if let Err(err) = partition.become_leader(epoch).await {
@@ -723,12 +829,14 @@ impl Loglet for UnopenedLog {
 
 /// Records this node as leader of `partition` at an epoch newer than any the table or its store
 /// (`seen`) know, so that records of any earlier incarnation are fenced. Returns the table's new
-/// version and the epoch.
+/// version and the epoch. In a `cluster`, only if the table places the partition's leadership on
+/// this node.
 async fn take_leadership(
     metadata: &dyn MetadataStore,
     node: &NodeId,
     partition: PartitionId,
     seen: Epoch,
+    cluster: bool,
 ) -> anyhow::Result<(u64, Epoch)> {
     loop {
         let (version, mut table) =
@@ -744,7 +852,17 @@ async fn take_leadership(
             .or_insert(PartitionPlacement {
                 leader: None,
                 epoch: Default::default(),
+                followers: Vec::new(),
             });
+        if cluster && placement.leader.as_ref() != Some(node) {
+            anyhow::bail!(
+                "the controller placed its leadership on {}",
+                placement
+                    .leader
+                    .as_ref()
+                    .map_or("no node yet".to_string(), |n| format!("node {n}"))
+            );
+        }
         let epoch = Epoch(placement.epoch.max(seen).0 + 1);
         placement.epoch = epoch;
         placement.leader = Some(node.clone());

@@ -114,6 +114,26 @@ fn parse_snapshot_id(input: impl AsRef<[u8]>) -> Result<SnapshotId, Status> {
         .map_err(|e: cairn_snapshots::Error| Status::invalid_argument(e.to_string()))
 }
 
+/// Passes the messages of a call forwarded to another node on to `send` (which says whether
+/// its caller is still there), until either side ends.
+async fn relay<T, F, Fut>(mut stream: tonic::Streaming<T>, send: F)
+where
+    F: Fn(Result<T, Status>) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    loop {
+        let message = match stream.message().await {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => return,
+            Err(status) => Err(status),
+        };
+        let failed = message.is_err();
+        if !send(message).await || failed {
+            return;
+        }
+    }
+}
+
 fn rfc3339(time: std::time::SystemTime) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
@@ -135,70 +155,138 @@ pub(crate) struct KeyValueService {
     state: Arc<NodeState>,
 }
 
+/// Who serves one partition's share of a request.
+enum Target {
+    Local(Arc<Partition>),
+    /// The leader, on another node at this address.
+    Remote(String),
+}
+
 impl KeyValueService {
     pub fn new(state: Arc<NodeState>) -> Self {
         KeyValueService { state }
     }
 
-    fn partition(&self, id: PartitionId) -> Result<Arc<Partition>, Status> {
-        self.state
+    /// Where `id`'s share of a request goes. Alone, a node serves every partition itself (or
+    /// says why it cannot). In a cluster, the partitions it leads are served here and the others
+    /// are forwarded to their leaders, unless the request was itself forwarded.
+    fn target(&self, id: PartitionId, forwarded: bool) -> Result<Target, Status> {
+        let slot = self
+            .state
             .partitions
             .slot(id)
-            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))?
-            .running()
-            .map_err(status_of)
+            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))?;
+        let running = slot.running();
+        if !self.state.config.cluster_mode() {
+            return running.map(Target::Local).map_err(status_of);
+        }
+        if let Ok(partition) = &running
+            && partition.leads()
+        {
+            return Ok(Target::Local(partition.clone()));
+        }
+        let routes = self.state.routes.current();
+        match routes.leader(id) {
+            Some((leader, _)) if *leader == self.state.node => Err(match running {
+                Ok(_) => Status::unavailable(format!(
+                    "partition {id}: this node is taking over its leadership; retry shortly"
+                )),
+                Err(err) => status_of(err),
+            }),
+            Some((_, Some(address))) if !forwarded => Ok(Target::Remote(address.clone())),
+            Some((leader, _)) => Err(Status::unavailable(format!(
+                "partition {id} is led by node {leader}, {}; retry shortly",
+                if forwarded {
+                    "and the node that forwarded this request thought it was this one (leadership is changing)"
+                } else {
+                    "whose address this node does not know yet"
+                }
+            ))),
+            None => Err(Status::unavailable(format!(
+                "partition {id} has no leader yet: the cluster is waiting for cluster.initial-nodes nodes to join, or is placing it; retry shortly"
+            ))),
+        }
     }
 
     /// The values of `keys`, in request order, refused once they add up to more than `bytes_max`:
     /// a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an answer that
     /// no gRPC message can hold. Keys are read a few at a time, so no more than one chunk's values
-    /// past the bound are ever held; all partitions' keys in one blocking task.
+    /// past the bound are ever held; all local partitions' keys in one blocking task, the others'
+    /// from their leaders.
     async fn read_within(
         &self,
         keys: &[Bytes],
         bytes_max: usize,
+        forwarded: bool,
     ) -> Result<Vec<Option<Bytes>>, Status> {
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
         let mut shares = Vec::with_capacity(groups.len());
         let mut indices = Vec::with_capacity(groups.len());
+        let mut remote = Vec::new();
         for (pid, mine) in groups {
-            let partition = self.partition(pid)?;
-            let share = mine.iter().map(|&i| keys[i].clone()).collect();
-            shares.push(partition.read_share(share).map_err(status_of)?);
-            indices.push(mine);
+            let share: Vec<Bytes> = mine.iter().map(|&i| keys[i].clone()).collect();
+            match self.target(pid, forwarded)? {
+                Target::Local(partition) => {
+                    shares.push(partition.read_share(share).map_err(status_of)?);
+                    indices.push(mine);
+                }
+                Target::Remote(address) => remote.push((address, share, mine)),
+            }
         }
-        let values = cairn_worker::read_shares(shares, CHUNK, bytes_max)
-            .await
-            .map_err(status_of)?;
+        let routes = &self.state.routes;
+        let remote = futures::future::join_all(remote.into_iter().map(
+            |(address, share, mine)| async move { (routes.get(&address, share).await, mine) },
+        ));
+        let (values, remote) =
+            tokio::join!(cairn_worker::read_shares(shares, CHUNK, bytes_max), remote);
+        let values = values.map_err(status_of)?;
         let mut out = vec![None; keys.len()];
         for (mine, values) in indices.into_iter().zip(values) {
             for (index, value) in mine.into_iter().zip(values) {
                 out[index] = value;
             }
         }
+        let forwarded_shares = !remote.is_empty();
+        for (values, mine) in remote {
+            for (index, value) in mine.into_iter().zip(values?) {
+                out[index] = value;
+            }
+        }
+        // Each node bounded its own share; together they may still be too much.
+        if forwarded_shares && out.iter().flatten().map(Bytes::len).sum::<usize>() > bytes_max {
+            return Err(status_of(cairn_worker::Error::AnswerTooLarge {
+                keys: keys.len(),
+                bytes_max,
+            }));
+        }
         Ok(out)
     }
 
     /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
     /// per-key answers back in request order.
-    async fn scatter<T, F, Fut>(&self, keys: &[Bytes], per_partition: F) -> Result<Vec<T>, Status>
+    async fn scatter<T, F, Fut>(
+        &self,
+        keys: &[Bytes],
+        forwarded: bool,
+        per_partition: F,
+    ) -> Result<Vec<T>, Status>
     where
         T: Clone + Default,
-        F: Fn(Arc<Partition>, Vec<usize>) -> Fut,
-        Fut: Future<Output = Result<Vec<T>, cairn_worker::Error>>,
+        F: Fn(Target, Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, Status>>,
     {
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
         let mut calls = Vec::with_capacity(groups.len());
         for (pid, indices) in groups {
-            let partition = self.partition(pid)?;
-            let call = per_partition(partition, indices.clone());
+            let target = self.target(pid, forwarded)?;
+            let call = per_partition(target, indices.clone());
             calls.push(async move { (indices, call.await) });
         }
         let mut out = vec![T::default(); keys.len()];
         for (indices, result) in futures::future::join_all(calls).await {
-            let answers = result.map_err(status_of)?;
+            let answers = result?;
             for (index, answer) in indices.into_iter().zip(answers) {
                 out[index] = answer;
             }
@@ -213,6 +301,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::PutRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
         let entries = request.into_inner().entries;
         validate::batch_len(entries.len())?;
         let mut total = 0;
@@ -225,16 +314,26 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::batch_bytes(total)?;
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         let entries = &entries;
-        self.scatter(&keys, |partition, indices| async move {
-            let mine = indices
-                .iter()
-                .map(|&i| PutEntry {
-                    key: entries[i].key.clone(),
-                    value: entries[i].value.clone(),
-                    ttl_ms: entries[i].ttl_ms,
-                })
-                .collect();
-            partition.put(mine).await.map(|()| vec![(); indices.len()])
+        let routes = &self.state.routes;
+        self.scatter(&keys, forwarded, |target, indices| async move {
+            match target {
+                Target::Local(partition) => {
+                    let mine = indices
+                        .iter()
+                        .map(|&i| PutEntry {
+                            key: entries[i].key.clone(),
+                            value: entries[i].value.clone(),
+                            ttl_ms: entries[i].ttl_ms,
+                        })
+                        .collect();
+                    partition.put(mine).await.map_err(status_of)?;
+                }
+                Target::Remote(address) => {
+                    let mine = indices.iter().map(|&i| entries[i].clone()).collect();
+                    routes.put(&address, mine).await?;
+                }
+            }
+            Ok(vec![(); indices.len()])
         })
         .await?;
         Ok(Response::new(v1::PutResponse {}))
@@ -244,9 +343,10 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::GetResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let values = self.read_within(&keys, BATCH_BYTES_MAX).await?;
+        let values = self.read_within(&keys, BATCH_BYTES_MAX, forwarded).await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -259,15 +359,18 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::DeleteRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
         let keys_ref = &keys;
-        self.scatter(&keys, |partition, indices| async move {
+        let routes = &self.state.routes;
+        self.scatter(&keys, forwarded, |target, indices| async move {
             let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
-            partition
-                .delete(mine)
-                .await
-                .map(|()| vec![(); indices.len()])
+            match target {
+                Target::Local(partition) => partition.delete(mine).await.map_err(status_of)?,
+                Target::Remote(address) => routes.delete(&address, mine).await?,
+            }
+            Ok(vec![(); indices.len()])
         })
         .await?;
         Ok(Response::new(v1::DeleteResponse {}))
@@ -277,11 +380,12 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::ExistsRequest>,
     ) -> Result<Response<v1::ExistsResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
         // Only presence is answered, so no bound on the values read.
         let exists = self
-            .read_within(&keys, usize::MAX)
+            .read_within(&keys, usize::MAX, forwarded)
             .await?
             .into_iter()
             .map(|value| value.is_some())
@@ -293,18 +397,35 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::InsertIfAbsentRequest>,
     ) -> Result<Response<v1::InsertIfAbsentResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
         let request = request.into_inner();
         validate::keys(&request.keys)?;
         validate::value_ok(0, &request.value)?;
         validate::ttl_ok(request.ttl_ms)?;
         validate::insert_if_absent_bytes(&request.keys, request.value.len())?;
         let request = &request;
+        let routes = &self.state.routes;
         let inserted = self
-            .scatter(&request.keys, |partition, indices| async move {
+            .scatter(&request.keys, forwarded, |target, indices| async move {
                 let mine: Vec<Bytes> = indices.iter().map(|&i| request.keys[i].clone()).collect();
-                partition
-                    .insert_if_absent(mine, request.value.clone(), request.ttl_ms)
-                    .await
+                match target {
+                    Target::Local(partition) => partition
+                        .insert_if_absent(mine, request.value.clone(), request.ttl_ms)
+                        .await
+                        .map_err(status_of),
+                    Target::Remote(address) => {
+                        routes
+                            .insert_if_absent(
+                                &address,
+                                v1::InsertIfAbsentRequest {
+                                    keys: mine,
+                                    value: request.value.clone(),
+                                    ttl_ms: request.ttl_ms,
+                                },
+                            )
+                            .await
+                    }
+                }
             })
             .await?;
         Ok(Response::new(v1::InsertIfAbsentResponse { inserted }))
@@ -329,8 +450,45 @@ impl AdminService {
         self.slot(partition_id)?.running().map_err(status_of)
     }
 
+    /// In a cluster, where a call about `partition_id` runs when this node does not lead it:
+    /// the leader's address. `None`: here (alone, when this node leads it, or when the call was
+    /// forwarded already, in which case this node answers for itself).
+    fn leader_elsewhere<T>(
+        &self,
+        partition_id: u32,
+        request: &Request<T>,
+    ) -> Result<Option<String>, Status> {
+        if !self.state.config.cluster_mode() || crate::forward::forwarded(request) {
+            return Ok(None);
+        }
+        let slot = self.slot(partition_id)?;
+        if slot.running().is_ok_and(|p| p.leads()) {
+            return Ok(None);
+        }
+        match self.state.routes.current().leader(slot.id()) {
+            Some((leader, _)) if *leader == self.state.node => Ok(None),
+            Some((_, Some(address))) => Ok(Some(address.clone())),
+            Some((leader, None)) => Err(Status::unavailable(format!(
+                "partition {partition_id} is led by node {leader}, whose address this node does not know yet; retry shortly"
+            ))),
+            None => Err(Status::unavailable(format!(
+                "partition {partition_id} has no leader yet: the cluster is waiting for cluster.initial-nodes nodes to join, or is placing it; retry shortly"
+            ))),
+        }
+    }
+
     fn partition_info(&self, s: cairn_worker::PartitionStatus) -> v1::PartitionInfo {
+        let followers = self
+            .state
+            .routes
+            .current()
+            .table
+            .partitions
+            .get(&s.id)
+            .map(|p| p.followers.iter().map(|f| f.0.clone()).collect())
+            .unwrap_or_default();
         v1::PartitionInfo {
+            followers,
             partition_id: u32::from(s.id.0),
             key_range_start: s.key_range.start,
             key_range_end: s.key_range.end,
@@ -345,6 +503,64 @@ impl AdminService {
             log_tail: s.log.map(|l| l.tail.0).unwrap_or_default(),
             status: s.stopped.unwrap_or_else(|| "active".into()),
             archived_lsn: self.state.archived_lsn(s.id).map(|l| l.0),
+        }
+    }
+
+    /// Replaces what this node knows of the partitions it does not lead by what their leaders
+    /// say. A leader that cannot be asked leaves this node's view, with the leader the placement
+    /// names and why it could not be asked.
+    async fn leaders_say(&self, partitions: &mut [v1::PartitionInfo]) {
+        let routes = self.state.routes.current();
+        let mut by_address: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, p) in partitions.iter_mut().enumerate() {
+            let id = PartitionId(p.partition_id as u16);
+            match routes.leader(id) {
+                Some((leader, _)) if *leader == self.state.node => {}
+                Some((leader, address)) => {
+                    p.leader = leader.0.clone();
+                    match address {
+                        Some(address) => by_address.entry(address.clone()).or_default().push(i),
+                        None => {
+                            p.status = format!("led by {leader}, whose address is not known yet")
+                        }
+                    }
+                }
+                None => p.status = "not placed yet".into(),
+            }
+        }
+        let asked = futures::future::join_all(by_address.into_iter().map(|(address, wanted)| {
+            let admin = self.state.routes.admin(&address);
+            async move {
+                let answer = match admin {
+                    Ok(mut admin) => admin
+                        .list_partitions(crate::forward::mark(v1::ListPartitionsRequest {}))
+                        .await
+                        .map(|r| r.into_inner().partitions),
+                    Err(status) => Err(status),
+                };
+                (address, wanted, answer)
+            }
+        }))
+        .await;
+        for (address, wanted, answer) in asked {
+            match answer {
+                Ok(theirs) => {
+                    for i in wanted {
+                        let id = partitions[i].partition_id;
+                        if let Some(info) = theirs.iter().find(|t| t.partition_id == id) {
+                            partitions[i] = info.clone();
+                        }
+                    }
+                }
+                Err(status) => {
+                    for i in wanted {
+                        partitions[i].status = format!(
+                            "its leader at {address} cannot be asked: {}",
+                            status.message()
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -419,6 +635,58 @@ impl AdminService {
 
 #[tonic::async_trait]
 impl v1::admin_server::Admin for AdminService {
+    async fn list_nodes(
+        &self,
+        _request: Request<v1::ListNodesRequest>,
+    ) -> Result<Response<v1::ListNodesResponse>, Status> {
+        if !self.state.config.cluster_mode() {
+            // Alone: this node, which leads every partition it runs.
+            let leads = self
+                .state
+                .partitions
+                .slots()
+                .iter()
+                .filter(|slot| slot.running().is_ok_and(|p| p.leads()))
+                .count() as u32;
+            return Ok(Response::new(v1::ListNodesResponse {
+                nodes: vec![v1::NodeInfo {
+                    name: self.state.node.0.clone(),
+                    address: self.state.config.advertised_address(),
+                    alive: true,
+                    last_seen_ms: crate::cluster::now_ms(),
+                    leads,
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    ..Default::default()
+                }],
+            }));
+        }
+        let records = crate::cluster::nodes(self.state.metadata.as_ref())
+            .await
+            .map_err(|e| {
+                Status::unavailable(format!("read the nodes from the metadata store: {e:#}"))
+            })?;
+        let counts = crate::cluster::led_and_followed(&self.state.routes.current().table);
+        let now = crate::cluster::now_ms();
+        let nodes = records
+            .into_iter()
+            .map(|record| {
+                let (leads, follows) = counts.get(&record.name).copied().unwrap_or_default();
+                v1::NodeInfo {
+                    alive: crate::cluster::alive(&record, now),
+                    name: record.name.0,
+                    address: record.address,
+                    last_seen_ms: record.heartbeat_ms,
+                    leads: leads as u32,
+                    follows: follows as u32,
+                    generation: record.generation,
+                    started_at_ms: record.started_at_ms,
+                    version: record.version,
+                }
+            })
+            .collect();
+        Ok(Response::new(v1::ListNodesResponse { nodes }))
+    }
+
     async fn describe_cluster(
         &self,
         _request: Request<v1::DescribeClusterRequest>,
@@ -444,10 +712,13 @@ impl v1::admin_server::Admin for AdminService {
                 .map(|slot| slot.status(stores)),
         )
         .await;
-        let partitions = statuses
+        let mut partitions: Vec<v1::PartitionInfo> = statuses
             .into_iter()
             .map(|s| self.partition_info(s))
             .collect();
+        if self.state.config.cluster_mode() && !crate::forward::forwarded(&_request) {
+            self.leaders_say(&mut partitions).await;
+        }
         Ok(Response::new(v1::ListPartitionsResponse {
             partitions,
             partition_table_version: self.state.partitions.table_version.load(Ordering::Relaxed),
@@ -489,6 +760,12 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::TrimLogRequest>,
     ) -> Result<Response<v1::TrimLogResponse>, Status> {
+        if let Some(address) = self.leader_elsewhere(request.get_ref().log_id, &request)? {
+            let mut admin = self.state.routes.admin(&address)?;
+            return admin
+                .trim_log(crate::forward::mark(request.into_inner()))
+                .await;
+        }
         let request = request.into_inner();
         let slot = self.log_slot(request.log_id)?;
         // Fails at once when the partition is not running, before any check of snapshots.
@@ -559,6 +836,21 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::CreateSnapshotRequest>,
     ) -> Result<Response<Self::CreateSnapshotStream>, Status> {
+        if let Some(address) = self.leader_elsewhere(request.get_ref().partition_id, &request)? {
+            let mut admin = self.state.routes.admin(&address)?;
+            let stream = admin
+                .create_snapshot(crate::forward::mark(request.into_inner()))
+                .await?
+                .into_inner();
+            let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
+            tokio::spawn(relay(stream, move |m| {
+                let tx = tx.clone();
+                async move { tx.send(m).await.is_ok() }
+            }));
+            return Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+                rx,
+            )));
+        }
         let request = request.into_inner();
         let partition = self.partition(request.partition_id)?;
         tracing::info!(partition = request.partition_id, min_lsn = ?request.min_lsn, "Create snapshot command received");
@@ -683,6 +975,12 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::DescribePartitionRequest>,
     ) -> Result<Response<v1::DescribePartitionResponse>, Status> {
+        if let Some(address) = self.leader_elsewhere(request.get_ref().partition_id, &request)? {
+            let mut admin = self.state.routes.admin(&address)?;
+            return admin
+                .describe_partition(crate::forward::mark(request.into_inner()))
+                .await;
+        }
         let slot = self.slot(request.into_inner().partition_id)?;
         let status = slot.status(self.state.partitions.stores()).await;
         let mut response = v1::DescribePartitionResponse {
@@ -746,6 +1044,21 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::RestorePartitionRequest>,
     ) -> Result<Response<Self::RestorePartitionStream>, Status> {
+        if let Some(address) = self.leader_elsewhere(request.get_ref().partition_id, &request)? {
+            let mut admin = self.state.routes.admin(&address)?;
+            let stream = admin
+                .restore_partition(crate::forward::mark(request.into_inner()))
+                .await?
+                .into_inner();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(relay(stream, move |m| {
+                let sent = tx.send(m).is_ok();
+                async move { sent }
+            }));
+            return Ok(Response::new(
+                tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            ));
+        }
         let request = request.into_inner();
         let id = self.slot(request.partition_id)?.id();
         self.snapshots()?;

@@ -428,6 +428,16 @@ impl Partition {
         }
     }
 
+    /// Why the processor stopped, if it did (a trim gap, a failed store).
+    pub fn stopped(&self) -> Option<String> {
+        self.shared.stopped_reason()
+    }
+
+    /// Whether this node leads the partition and serves its requests.
+    pub fn leads(&self) -> bool {
+        self.serving_epoch().is_ok()
+    }
+
     /// The epoch this node serves with, if it is the partition's current leader.
     pub(crate) fn serving_epoch(&self) -> Result<Epoch> {
         if let Some(reason) = self.shared.stopped_reason() {

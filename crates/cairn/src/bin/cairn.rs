@@ -90,8 +90,11 @@ fn run(config: Option<PathBuf>, overrides: cairn_node::Overrides) -> anyhow::Res
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async {
+        // Listening before the start: a SIGTERM that arrives while the node starts stops it
+        // cleanly once it has, instead of killing it half-way.
+        let shutdown = shutdown_signal()?;
         let node = cairn_node::start(config).await?;
-        node.run_until(shutdown_signal()).await
+        node.run_until(shutdown).await
     })
 }
 
@@ -146,14 +149,15 @@ fn confirm(question: &str) -> anyhow::Result<bool> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
 }
 
-async fn shutdown_signal() {
+/// Resolves at the first SIGTERM or SIGINT (Ctrl-C) received from the call on.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }

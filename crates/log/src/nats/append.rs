@@ -74,6 +74,11 @@ pub(super) async fn run(shared: Arc<Shared>, mut requests: mpsc::Receiver<Reques
             }
             request = requests.recv(), if !lost_track && in_flight.len() < APPENDS_IN_FLIGHT_MAX => {
                 let Some(Request { payloads, reply }) = request else { break };
+                if in_flight.is_empty() {
+                    // Records another writer appended that this node has seen since (a follower
+                    // that now leads): the next append follows them.
+                    expected = expected.max(shared.view.lock().state().tail.0);
+                }
                 count += 1;
                 let append = Append {
                     shared: shared.clone(),

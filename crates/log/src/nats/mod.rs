@@ -61,6 +61,13 @@ impl NatsLogOptions {
     }
 }
 
+/// How long connecting waits for a NATS server to answer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long opening a log keeps trying while JetStream does not answer (a cluster of NATS
+/// servers that has just started elects its leaders first).
+const OPEN_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Records one atomic batch may hold: JetStream's limit for an atomic batch publish.
 pub const BATCH_RECORDS_MAX: usize = 1000;
 
@@ -90,8 +97,11 @@ impl NatsLogProvider {
             .map(|url| url.parse::<async_nats::ServerAddr>())
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| connect_error(e.into()))?;
-        let client = async_nats::connect(servers)
+        let client = tokio::time::timeout(CONNECT_TIMEOUT, async_nats::connect(servers))
             .await
+            .map_err(|_| {
+                connect_error(format!("no server answered within {CONNECT_TIMEOUT:?}").into())
+            })?
             .map_err(|e| connect_error(e.into()))?;
         let jetstream = jetstream::new(client.clone());
         Ok(NatsLogProvider {
@@ -110,6 +120,48 @@ impl NatsLogProvider {
         format!("cairn.{}.log.{}", self.options.cluster, log_id.0)
     }
 
+    /// The stream of `config`, created if it does not exist. Several nodes open the same
+    /// streams at once, and a JetStream cluster that has just started answers nothing for a
+    /// while: looked up first (an update of a stream being created may go unanswered), created
+    /// if missing, looked up again if another node created it meanwhile, and all of it retried
+    /// for [`OPEN_PATIENCE`].
+    async fn open_stream(
+        &self,
+        config: jetstream::stream::Config,
+    ) -> std::result::Result<jetstream::stream::Stream, BoxError> {
+        use async_nats::jetstream::ErrorCode;
+        use async_nats::jetstream::context::GetStreamErrorKind;
+        let deadline = std::time::Instant::now() + OPEN_PATIENCE;
+        loop {
+            let attempt: std::result::Result<_, BoxError> =
+                match self.jetstream.get_stream(&config.name).await {
+                    Ok(stream) => Ok(stream),
+                    Err(err)
+                        if matches!(err.kind(), GetStreamErrorKind::JetStream(e)
+                            if e.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+                    {
+                        self.jetstream
+                            .create_stream(config.clone())
+                            .await
+                            .map_err(Into::into)
+                    }
+                    Err(err) => Err(err.into()),
+                };
+            match attempt {
+                // Streams of an earlier version lack atomic batches.
+                Ok(stream) if !stream.cached_info().config.allow_atomic_publish => {
+                    self.jetstream.update_stream(config.clone()).await?;
+                }
+                Ok(stream) => return Ok(stream),
+                Err(err) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(stream = %config.name, "opening the stream, again: {err}");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     async fn create(&self, log_id: LogId) -> Result<NatsLoglet> {
         let nats = |context| {
             move |source: BoxError| Error::Nats {
@@ -120,32 +172,28 @@ impl NatsLogProvider {
         };
         let subject = self.subject(log_id);
         let name = self.stream_name(log_id);
-        self.jetstream
-            .create_or_update_stream(jetstream::stream::Config {
-                name: name.clone(),
-                subjects: vec![subject.clone()],
-                storage: jetstream::stream::StorageType::File,
-                num_replicas: self.options.replicas,
-                retention: jetstream::stream::RetentionPolicy::Limits,
-                // Nothing is ever discarded but by a trim.
-                max_messages: -1,
-                max_bytes: -1,
-                max_messages_per_subject: -1,
-                max_message_size: -1,
-                max_consumers: -1,
-                // Records are removed by purging below a sequence, never one by one.
-                deny_delete: true,
-                allow_atomic_publish: true,
-                description: Some(format!("Cairn: the log of partition {}", log_id.0)),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| nats("create the log's stream")(e.into()))?;
+        let config = jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: self.options.replicas,
+            retention: jetstream::stream::RetentionPolicy::Limits,
+            // Nothing is ever discarded but by a trim.
+            max_messages: -1,
+            max_bytes: -1,
+            max_messages_per_subject: -1,
+            max_message_size: -1,
+            max_consumers: -1,
+            // Records are removed by purging below a sequence, never one by one.
+            deny_delete: true,
+            allow_atomic_publish: true,
+            description: Some(format!("Cairn: the log of partition {}", log_id.0)),
+            ..Default::default()
+        };
         let stream = self
-            .jetstream
-            .get_stream(&name)
+            .open_stream(config)
             .await
-            .map_err(|e| nats("open the log's stream")(e.into()))?;
+            .map_err(nats("open the log's stream"))?;
         let max_payload = self.client.server_info().max_payload;
         let (closed, _) = watch::channel(false);
         let shared = Arc::new(Shared {

@@ -1,0 +1,290 @@
+//! Three `cairn` nodes in one cluster: their logs and metadata on three clustered `nats-server`s
+//! with JetStream, their snapshots on moto's S3 server. Every process is real.
+
+mod support;
+
+use bytes::Bytes;
+use cairn_client::{Client, ClientOptions};
+use cairn_metadata::test_util::NatsCluster;
+use cairn_snapshots::test_util::moto;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use support::{Server, assert_keys_there, cairnctl, created_id, fails, ok, put_keys, run_cairn};
+
+const NODES: usize = 3;
+const PARTITIONS: usize = 16;
+
+/// A cluster's configuration file in `dir`: logs and metadata on `nats`, snapshots in a bucket
+/// of moto's.
+fn cluster_config(dir: &Path, nats: &NatsCluster) -> PathBuf {
+    let moto = moto::server();
+    let bucket = moto.create_bucket();
+    let servers = nats
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let path = dir.join("cairn.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
+             [nats]\nservers = [{servers}]\nreplicas = 3\n\
+             [cluster]\ninitial-nodes = {NODES}\nstandbys = 1\n\
+             [worker.snapshots]\ndestination = \"s3://{bucket}/cluster\"\n\
+             endpoint-url = \"{}\"\nallow-http = true\nregion = \"us-east-1\"\n",
+            moto.endpoint()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const AWS: [(&str, &str); 2] = [
+    ("AWS_ACCESS_KEY_ID", "cairn-test-key"),
+    ("AWS_SECRET_ACCESS_KEY", "cairn-test-secret"),
+];
+
+/// Starts node `name` of the cluster; it listens at once, and serves once the cluster has placed
+/// its partitions.
+fn start_node(dir: &Path, config: &Path, name: &str) -> Server {
+    Server::start_until(
+        &dir.join(name),
+        &["--config", config.to_str().unwrap(), "--node-name", name],
+        &AWS,
+        "Cairn node",
+    )
+}
+
+/// Waits until `partitions list` through `address` shows every partition active with a leader.
+fn wait_until_serving(address: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let out = cairnctl(address, &["partitions", "list"]);
+        let table = String::from_utf8_lossy(&out.stdout).to_string();
+        let rows: Vec<&str> = table
+            .lines()
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        if rows.len() == PARTITIONS && rows.iter().all(|r| r.trim_end().ends_with("active")) {
+            return table;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster does not serve every partition after 90 s:\n{table}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// LEADER and FOLLOWERS of every partition, from `partitions list`.
+fn placement(table: &str) -> Vec<(String, String)> {
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let columns: Vec<&str> = l.split_whitespace().collect();
+            (columns[2].to_string(), columns[3].to_string())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_and_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsCluster::start(&dir.path().join("nats"));
+    let config = cluster_config(dir.path(), &nats);
+    let names: Vec<String> = (1..=NODES).map(|i| format!("n{i}")).collect();
+    let mut nodes: Vec<Server> = names
+        .iter()
+        .map(|name| start_node(dir.path(), &config, name))
+        .collect();
+    let addresses: Vec<String> = nodes.iter().map(|n| n.address.clone()).collect();
+
+    // Leaders spread over all three nodes, 5 or 6 each, each partition followed elsewhere.
+    let table = wait_until_serving(&addresses[0]);
+    let placed = placement(&table);
+    let mut leads: HashMap<&str, usize> = HashMap::new();
+    for (leader, followers) in &placed {
+        *leads.entry(leader.as_str()).or_default() += 1;
+        assert!(
+            names.contains(followers) && followers != leader,
+            "one follower on another node:\n{table}"
+        );
+    }
+    assert_eq!(leads.len(), NODES, "{table}");
+    assert!(leads.values().all(|&n| n == 5 || n == 6), "{table}");
+    let nodes_table = ok(cairnctl(&addresses[1], &["nodes", "list"]));
+    for name in &names {
+        let row = nodes_table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{nodes_table}"));
+        assert!(row.contains(" alive "), "{nodes_table}");
+    }
+
+    // Written through one node, read through every node.
+    let keys: Vec<String> = (0..2000).map(|i| format!("key-{i}")).collect();
+    put_keys(&addresses[0], &keys, 100).await;
+    for address in &addresses {
+        assert_keys_there(address, &keys).await;
+    }
+
+    // Insert-if-absent of the same keys from clients of different nodes: one winner per key.
+    let contested: Vec<Bytes> = (0..3000)
+        .map(|i| Bytes::from(format!("dedup-{i}")))
+        .collect();
+    let racers = addresses.iter().enumerate().map(|(n, address)| {
+        let contested = contested.clone();
+        let address = address.clone();
+        tokio::spawn(async move {
+            let client = Client::connect(&address, &ClientOptions::default())
+                .await
+                .unwrap();
+            let mut won = Vec::new();
+            // Each node's client goes through the keys in its own order.
+            let mut order: Vec<usize> = (0..contested.len()).collect();
+            order.rotate_left(n * 1000);
+            for chunk in order.chunks(50) {
+                let batch: Vec<Bytes> = chunk.iter().map(|&i| contested[i].clone()).collect();
+                let inserted = client
+                    .insert_if_absent(batch, Bytes::from(format!("n{n}")), None)
+                    .await
+                    .unwrap();
+                won.extend(
+                    chunk
+                        .iter()
+                        .zip(inserted)
+                        .filter(|(_, w)| *w)
+                        .map(|(&i, _)| i),
+                );
+            }
+            (n, won)
+        })
+    });
+    let mut winners: HashMap<usize, Vec<usize>> = HashMap::new();
+    for racer in racers {
+        let (n, won) = racer.await.unwrap();
+        for key in won {
+            winners.entry(key).or_default().push(n);
+        }
+    }
+    assert_eq!(winners.len(), contested.len(), "every key admitted once");
+    assert!(
+        winners.values().all(|w| w.len() == 1),
+        "a key admitted twice"
+    );
+    let client = Client::connect(&addresses[2], &ClientOptions::default())
+        .await
+        .unwrap();
+    let stored = client.get(contested.clone()).await.unwrap();
+    for (i, value) in stored.into_iter().enumerate() {
+        assert_eq!(value, Some(Bytes::from(format!("n{}", winners[&i][0]))));
+    }
+
+    // A snapshot asked of a node that does not lead the partition is taken by its leader.
+    let (partition, (leader, _)) = placed
+        .iter()
+        .enumerate()
+        .find(|(_, (leader, _))| leader != "n1")
+        .unwrap();
+    let created = ok(cairnctl(
+        &addresses[0],
+        &["snapshots", "create", "-p", &partition.to_string()],
+    ));
+    let id = created_id(&created);
+    let listed = ok(cairnctl(
+        &addresses[1],
+        &["snapshots", "list", "-p", &partition.to_string()],
+    ));
+    let row = listed
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("{id} not listed:\n{listed}"));
+    assert!(row.contains(leader.as_str()), "taken by {leader}: {row}");
+
+    // Every process stopped and started again: all data there.
+    for node in nodes.drain(..) {
+        node.stop();
+    }
+    let nodes: Vec<Server> = names
+        .iter()
+        .map(|name| start_node(dir.path(), &config, name))
+        .collect();
+    wait_until_serving(&nodes[1].address);
+    for node in &nodes {
+        assert_keys_there(&node.address, &keys).await;
+    }
+    let again = Client::connect(&nodes[0].address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let late = again
+        .insert_if_absent(contested.clone(), Bytes::from("late"), None)
+        .await
+        .unwrap();
+    assert!(
+        late.iter().all(|w| !w),
+        "a key admitted again after the restart"
+    );
+}
+
+#[test]
+fn a_node_name_held_by_a_live_node_or_a_cluster_without_a_shared_repository_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsCluster::start(&dir.path().join("nats"));
+    let config = cluster_config(dir.path(), &nats);
+    let first = start_node(dir.path(), &config, "n1");
+    let out = run_cairn(
+        &[
+            "--base-dir",
+            dir.path().join("elsewhere").to_str().unwrap(),
+            "--bind-address",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+            "--node-name",
+            "n1",
+        ],
+        &AWS,
+    );
+    let err = fails(out);
+    assert!(
+        err.contains("node name n1 is held by a live node")
+            && err.contains(first.address.trim_start_matches("http://"))
+            && err.contains("another node-name"),
+        "{err}"
+    );
+
+    // The same node restarted on its own base dir is itself, not a second n1.
+    first.kill();
+    let again = start_node(dir.path(), &config, "n1");
+    again.stop();
+
+    let local = dir.path().join("local.toml");
+    std::fs::write(
+        &local,
+        format!(
+            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n[nats]\nservers = [\"{}\"]\n",
+            nats.urls()[0]
+        ),
+    )
+    .unwrap();
+    let err = fails(run_cairn(
+        &[
+            "--base-dir",
+            dir.path().join("n4").to_str().unwrap(),
+            "--config",
+            local.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains("[worker.snapshots] destination") && err.contains("every node"),
+        "{err}"
+    );
+}

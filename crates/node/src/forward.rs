@@ -1,0 +1,174 @@
+//! Routes in a cluster: which node leads each partition, and calls forwarded to it over the same
+//! gRPC port clients use. A forwarded call carries [`FORWARDED`], and a node never forwards such
+//! a call again: a node that does not lead the partition either answers `UNAVAILABLE`, so routes
+//! that disagree for a moment (a leadership change) cost a retry, never a loop.
+
+use crate::cluster;
+use bytes::Bytes;
+use cairn_api::MESSAGE_BYTES_MAX;
+use cairn_api::v1;
+use cairn_api::v1::admin_client::AdminClient;
+use cairn_api::v1::key_value_client::KeyValueClient;
+use cairn_metadata::{MetadataStore, PartitionTable};
+use cairn_types::{NodeId, PartitionId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+/// The metadata header a forwarded call carries.
+pub const FORWARDED: &str = "cairn-forwarded";
+
+/// How long a forwarded call may take; a little less than a client's default, so that the
+/// forwarding node can still say what happened.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
+
+/// Whether `request` was forwarded by another node.
+pub fn forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED)
+}
+
+/// The leader of each partition and its address, as this node last learned them.
+#[derive(Default)]
+pub struct RouteTable {
+    pub table: PartitionTable,
+    pub addresses: HashMap<NodeId, String>,
+}
+
+impl RouteTable {
+    /// The leader of `partition` and where to reach it.
+    pub fn leader(&self, partition: PartitionId) -> Option<(&NodeId, Option<&String>)> {
+        let leader = self.table.partitions.get(&partition)?.leader.as_ref()?;
+        Some((leader, self.addresses.get(leader)))
+    }
+}
+
+pub(crate) struct Routes {
+    current: RwLock<Arc<RouteTable>>,
+    peers: Mutex<HashMap<String, Peer>>,
+}
+
+#[derive(Clone)]
+struct Peer {
+    kv: KeyValueClient<Channel>,
+    admin: AdminClient<Channel>,
+}
+
+impl Routes {
+    pub fn new() -> Routes {
+        Routes {
+            current: RwLock::new(Arc::new(RouteTable::default())),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn current(&self) -> Arc<RouteTable> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes a new partition table, with the nodes' addresses read again.
+    pub async fn update(&self, metadata: &dyn MetadataStore, table: PartitionTable) {
+        let addresses = match cluster::nodes(metadata).await {
+            Ok(nodes) => nodes.into_iter().map(|n| (n.name, n.address)).collect(),
+            Err(err) => {
+                tracing::warn!("read the nodes' addresses: {err:#}");
+                self.current().addresses.clone()
+            }
+        };
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) =
+            Arc::new(RouteTable { table, addresses });
+    }
+
+    /// A connection to the node at `address`, made once and kept.
+    fn peer(&self, address: &str) -> Result<Peer, Status> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(peer) = peers.get(address) {
+            return Ok(peer.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| Status::internal(format!("node address {address}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(FORWARD_TIMEOUT)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let peer = Peer {
+            kv: KeyValueClient::new(channel.clone())
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+            admin: AdminClient::new(channel)
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX),
+        };
+        peers.insert(address.to_string(), peer.clone());
+        Ok(peer)
+    }
+
+    pub async fn put(&self, address: &str, entries: Vec<v1::Entry>) -> Result<(), Status> {
+        let mut kv = self.peer(address)?.kv;
+        kv.put(mark(v1::PutRequest { entries }))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(())
+    }
+
+    pub async fn get(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>, Status> {
+        let mut kv = self.peer(address)?.kv;
+        let answer = kv
+            .get(mark(v1::GetRequest { keys }))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(answer
+            .into_inner()
+            .values
+            .into_iter()
+            .map(|v| v.value)
+            .collect())
+    }
+
+    pub async fn delete(&self, address: &str, keys: Vec<Bytes>) -> Result<(), Status> {
+        let mut kv = self.peer(address)?.kv;
+        kv.delete(mark(v1::DeleteRequest { keys }))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(())
+    }
+
+    pub async fn insert_if_absent(
+        &self,
+        address: &str,
+        request: v1::InsertIfAbsentRequest,
+    ) -> Result<Vec<bool>, Status> {
+        let mut kv = self.peer(address)?.kv;
+        let answer = kv
+            .insert_if_absent(mark(request))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(answer.into_inner().inserted)
+    }
+
+    /// An admin client of the node at `address`, whose calls say they were forwarded.
+    pub fn admin(&self, address: &str) -> Result<AdminClient<Channel>, Status> {
+        Ok(self.peer(address)?.admin)
+    }
+}
+
+/// `message` as a request that says it was forwarded.
+pub fn mark<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    request
+}
+
+/// A status from the node at `address`, kept as it is but saying where it came from.
+fn from(address: &str, status: Status) -> Status {
+    Status::new(
+        status.code(),
+        format!("(forwarded to {address}) {}", status.message()),
+    )
+}
