@@ -4,7 +4,7 @@
 mod support;
 
 use bytes::Bytes;
-use cairn_client::{Client, ClientOptions};
+use cairn_client::{Client, ClientOptions, RoutingClient};
 use cairn_metadata::test_util::NatsCluster;
 use cairn_snapshots::test_util::moto;
 use std::collections::HashMap;
@@ -135,7 +135,8 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
         assert_keys_there(address, &keys).await;
     }
 
-    // Insert-if-absent of the same keys from clients of different nodes: one winner per key.
+    // Insert-if-absent of the same keys from clients that route by themselves, each seeded by
+    // another node (the writes above went through one node, which forwarded): one winner per key.
     let contested: Vec<Bytes> = (0..3000)
         .map(|i| Bytes::from(format!("dedup-{i}")))
         .collect();
@@ -143,7 +144,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
         let contested = contested.clone();
         let address = address.clone();
         tokio::spawn(async move {
-            let client = Client::connect(&address, &ClientOptions::default())
+            let client = RoutingClient::connect(&address, &ClientOptions::default())
                 .await
                 .unwrap();
             let mut won = Vec::new();

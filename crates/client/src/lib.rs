@@ -2,8 +2,10 @@
 //!
 //! Every error names the address it tried, so "connection refused" is never ambiguous.
 //!
-//! Architecture invariant: the client knows only the wire protocol (`cairn-api`); it shares no
-//! code with the server beyond it.
+//! [`RoutingClient`] talks to a cluster: it sends each key straight to its partition's leader.
+//!
+//! Architecture invariant: the client knows only the wire protocol (`cairn-api`) and the key →
+//! partition mapping (`cairn-types`); it shares no other code with the server.
 
 use bytes::Bytes;
 use cairn_api::MESSAGE_BYTES_MAX;
@@ -12,7 +14,10 @@ use cairn_api::v1::key_value_client::KeyValueClient;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
+mod routing;
+
 pub use cairn_api::v1;
+pub use routing::{ATTEMPTS, RoutingClient};
 pub use tonic::Code;
 
 #[derive(Debug, thiserror::Error)]
@@ -401,7 +406,7 @@ fn id_bytes(snapshot_id: &str) -> Bytes {
     Bytes::copy_from_slice(snapshot_id.as_bytes())
 }
 
-fn normalize_address(address: &str) -> String {
+pub(crate) fn normalize_address(address: &str) -> String {
     let trimmed = address.trim().trim_end_matches('/');
     if trimmed.contains("://") {
         trimmed.to_string()

@@ -474,13 +474,6 @@ impl Config {
         self.log.provider == LogProviderKind::Nats
     }
 
-    /// Where the other nodes reach this one.
-    pub fn advertised_address(&self) -> String {
-        self.advertised_address
-            .clone()
-            .unwrap_or_else(|| self.bind_address.to_string())
-    }
-
     /// Whether the node has a snapshot repository.
     pub fn snapshots_enabled(&self) -> bool {
         self.worker.snapshots.destination.as_deref() != Some(NO_DESTINATION)

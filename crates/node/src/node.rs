@@ -50,6 +50,9 @@ pub(crate) struct NodeState {
     pub metadata: Arc<dyn MetadataStore>,
     /// In a cluster, where each partition's leader is.
     pub routes: Routes,
+    /// Where clients and other nodes reach this node: `advertised-address`, or the address it
+    /// listens on.
+    pub advertised_address: String,
 }
 
 impl NodeState {
@@ -259,14 +262,15 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
 
     let (metadata, cluster) = open_cluster(&config, &base_dir).await?;
     let node = NodeId(config.node_name.clone());
+    let advertised_address = config
+        .advertised_address
+        .clone()
+        .unwrap_or_else(|| local_addr.to_string());
     let registered = if config.cluster_mode() {
         let instance = instance_id(base_dir.clone()).await?;
         let record = NodeRecord {
             name: node.clone(),
-            address: config
-                .advertised_address
-                .clone()
-                .unwrap_or_else(|| local_addr.to_string()),
+            address: advertised_address.clone(),
             instance,
             generation: 0,
             started_at_ms: 0,
@@ -316,6 +320,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         config,
         metadata: metadata.clone(),
         routes: Routes::new(),
+        advertised_address: advertised_address.clone(),
     });
     load_archived_lsns(&state).await;
     let cancel = CancellationToken::new();

@@ -651,7 +651,7 @@ impl v1::admin_server::Admin for AdminService {
             return Ok(Response::new(v1::ListNodesResponse {
                 nodes: vec![v1::NodeInfo {
                     name: self.state.node.0.clone(),
-                    address: self.state.config.advertised_address(),
+                    address: self.state.advertised_address.clone(),
                     alive: true,
                     last_seen_ms: crate::cluster::now_ms(),
                     leads,

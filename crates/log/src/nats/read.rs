@@ -9,12 +9,16 @@ use cairn_types::Lsn;
 use futures::{FutureExt, StreamExt};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::warn;
 
 /// Deliveries in a row of records this node had already appended, after which the tailer stops:
 /// this node writes the log, and its appends bring the records.
 const REDUNDANT_DELIVERIES_MAX: u32 = 256;
+
+/// How long after its last append a node still counts as the log's writer, whose own appends
+/// bring every new record: it starts no tailer to wait for the tail meanwhile.
+const WRITER_QUIET: Duration = Duration::from_secs(1);
 
 /// Records the tailer stores at most before it wakes the readers.
 const BURST_RECORDS_MAX: usize = 1024;
@@ -31,6 +35,8 @@ pub(super) struct View {
     read_from: u64,
     /// Appends sent and not yet answered.
     pub(super) appending: usize,
+    /// When an append of this node last landed.
+    last_append: Option<Instant>,
     tailer: Option<Tailer>,
     /// Counts the tailers started, so that a replaced one knows to stop.
     tailers_started: u64,
@@ -65,6 +71,7 @@ impl View {
             self.insert(first + i as u64, payload.clone());
         }
         self.tail = self.tail.max(first + payloads.len() as u64 - 1);
+        self.last_append = Some(Instant::now());
         // Appends cannot wait for readers: past twice the budget, unread records go too, and a
         // reader that needs them again starts the tailer.
         self.evict(2 * options.cache_bytes, true);
@@ -174,27 +181,46 @@ pub(super) async fn read(
 pub(super) async fn wait_for_tail(shared: &Arc<Shared>, lsn: u64) -> Result<()> {
     let mut changed = shared.changed.subscribe();
     loop {
-        let start = {
+        let (start, writing_until) = {
             let mut view = shared.view.lock();
             if view.tail >= lsn {
                 return Ok(());
             }
-            // Appends of this node in flight move the tail when they land; otherwise only
-            // another node can, and the tailer is how this one hears of it.
-            if view.appending == 0 {
-                let next = view.tail + 1;
-                view.want(next).map(|generation| (generation, next))
-            } else {
-                None
-            }
+            // Appends of this node move the tail when they land: while it appends, it is the
+            // log's writer and needs no tailer. Otherwise only another node can move the tail,
+            // and the tailer is how this one hears of it.
+            let writing_until = view
+                .last_append
+                .map(|at| at + WRITER_QUIET)
+                .filter(|until| view.appending > 0 || *until > Instant::now());
+            let start = match writing_until {
+                Some(_) => None,
+                None if view.appending > 0 => None,
+                None => {
+                    let next = view.tail + 1;
+                    view.want(next).map(|generation| (generation, next))
+                }
+            };
+            (start, writing_until)
         };
         if let Some((generation, from)) = start {
             tokio::spawn(tail(shared.clone(), generation, from));
         }
-        if changed.changed().await.is_err() || *shared.closed.borrow() {
-            return Err(Error::Shutdown {
-                log_id: shared.log_id,
-            });
+        let quiet = async {
+            match writing_until {
+                Some(until) => tokio::time::sleep_until(until.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = changed.changed() => {
+                if changed.is_err() || *shared.closed.borrow() {
+                    return Err(Error::Shutdown {
+                        log_id: shared.log_id,
+                    });
+                }
+            }
+            () = quiet => {}
         }
     }
 }

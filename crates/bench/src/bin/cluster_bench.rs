@@ -1,0 +1,487 @@
+//! `cairn-cluster-bench`: Cairn as a three-node cluster on NATS JetStream, beside one Cairn node
+//! on its local log, and beside plain JetStream publishing the same bytes with the same
+//! concurrency and replicas, in one run on one machine.
+//!
+//! It starts three clustered `nats-server`s (`scripts/setup-debian.sh` installs `nats-server`),
+//! three Cairn nodes in this process (logs and metadata in NATS, snapshots in a shared temporary
+//! folder) and a single node with the local log. Every workload runs `--rounds` times, the three
+//! sides one after the other in each round; the report shows each side's median round.
+//!
+//! - **put** and **insert-if-absent**: `--batch` fresh keys per request, `--clients` clients
+//!   spread over the nodes (a node forwards the keys of partitions it does not lead).
+//! - **plain JetStream**: per request, the same keys and values grouped by partition as Cairn
+//!   groups them, one message per partition to that partition's stream (`--replicas` copies,
+//!   files), all acknowledgements awaited: the log traffic of a Cairn request without Cairn.
+
+use anyhow::Context;
+use bytes::{BufMut, Bytes, BytesMut};
+use cairn_bench::report::progress;
+use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient};
+use cairn_metadata::test_util::NatsCluster;
+use cairn_types::keys::partition_for_key;
+use cairn_types::partition_key;
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "cairn-cluster-bench",
+    about = "Cairn on three nodes over NATS JetStream, beside one node and beside plain JetStream"
+)]
+struct Args {
+    /// Seconds each workload runs
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Concurrent clients, each with its own connection
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Times each workload runs; the report shows the median run
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Keys per request
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Value size in bytes
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Partitions of the cluster and of the single node
+    #[arg(long, default_value_t = 16)]
+    partitions: u16,
+    /// JetStream replicas of every stream, Cairn's and the plain ones
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Cairn nodes in the cluster
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Followers of each partition in the cluster (`[cluster] standbys`)
+    #[arg(long, default_value_t = 1)]
+    standbys: usize,
+    /// Seconds the nodes may take to serve every partition
+    #[arg(long, default_value_t = 90.0)]
+    start_timeout: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Side {
+    Cluster,
+    Single,
+    JetStream,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Workload {
+    Put,
+    Insert,
+}
+
+impl Workload {
+    fn name(self, batch: usize) -> String {
+        match self {
+            Workload::Put => format!("put, {batch} keys per request"),
+            Workload::Insert => format!("insert-if-absent, {batch} keys"),
+        }
+    }
+}
+
+/// What a run achieved: keys, time, and every request's latency, sorted.
+struct Figures {
+    keys: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Figures {
+    fn keys_per_second(&self) -> f64 {
+        self.keys as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn latency_ms(&self, quantile: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return 0.0;
+        }
+        let rank = (quantile * self.latencies.len() as f64).ceil() as usize;
+        self.latencies[rank.clamp(1, self.latencies.len()) - 1].as_secs_f64() * 1000.0
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.seconds > 0.0 && args.clients > 0 && args.batch > 0 && args.rounds > 0,
+        "--seconds, --clients, --batch and --rounds must be more than 0"
+    );
+    anyhow::ensure!(
+        (1..=3).contains(&args.replicas) && args.nodes > 0,
+        "--replicas must be 1 to 3 (the benchmark runs three NATS servers), --nodes at least 1"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "cairn-cluster-bench: {} clients, batches of {} keys, {}-byte values, {}s per workload, {} round(s), {} partitions, {} JetStream replicas",
+        args.clients,
+        args.batch,
+        args.value_bytes,
+        args.seconds,
+        args.rounds,
+        args.partitions,
+        args.replicas
+    );
+    let dir = tempfile::tempdir().context("create the benchmark's temporary folder")?;
+    progress("NATS: starting three clustered servers");
+    let nats = NatsCluster::start(&dir.path().join("nats"));
+    let results = runtime.block_on(run(&args, dir.path(), &nats));
+    drop(nats);
+    let results = results?;
+    print_report(&args, &results);
+    Ok(())
+}
+
+type Results = BTreeMap<(Workload, &'static str), Figures>;
+
+async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::Result<Results> {
+    progress(&format!("Cairn: starting {} cluster nodes", args.nodes));
+    let mut cluster = Vec::new();
+    for i in 1..=args.nodes {
+        cluster.push(start_cluster_node(args, dir, nats, i).await?);
+    }
+    let addresses: Vec<String> = cluster
+        .iter()
+        .map(|n| format!("http://{}", n.local_addr()))
+        .collect();
+    wait_until_serving(&addresses[0], args).await?;
+    progress("Cairn: starting a single node on its local log");
+    let single = cairn_node::start(cairn_node::Config {
+        base_dir: dir.join("single"),
+        bind_address: "127.0.0.1:0".parse()?,
+        num_partitions: args.partitions,
+        metrics: cairn_node::config::MetricsConfig { bind_address: None },
+        ..cairn_node::Config::default()
+    })
+    .await
+    .context("start the single node")?;
+    let single_address = format!("http://{}", single.local_addr());
+    wait_until_serving(&single_address, args).await?;
+    let plain = PlainJetStream::start(args, nats).await?;
+
+    let mut runs: BTreeMap<(Workload, &'static str), Vec<Figures>> = BTreeMap::new();
+    for round in 1..=args.rounds {
+        for workload in [Workload::Put, Workload::Insert] {
+            for side in [Side::Cluster, Side::Single, Side::JetStream] {
+                // Plain JetStream publishes the same bytes for both workloads: once a round.
+                if side == Side::JetStream && workload == Workload::Insert {
+                    continue;
+                }
+                let label = label(side);
+                progress(&format!(
+                    "round {round}/{}: {label}: {}",
+                    args.rounds,
+                    workload.name(args.batch)
+                ));
+                let figures = match side {
+                    Side::Cluster => drive_cairn(args, &addresses, workload, round).await?,
+                    Side::Single => {
+                        drive_cairn(args, std::slice::from_ref(&single_address), workload, round)
+                            .await?
+                    }
+                    Side::JetStream => plain.drive(args, round).await?,
+                };
+                runs.entry((workload, label)).or_default().push(figures);
+            }
+        }
+    }
+    for node in cluster {
+        node.shutdown().await?;
+    }
+    single.shutdown().await?;
+    Ok(runs
+        .into_iter()
+        .map(|(key, runs)| (key, median(runs)))
+        .collect())
+}
+
+fn label(side: Side) -> &'static str {
+    match side {
+        Side::Cluster => "cluster",
+        Side::Single => "single node",
+        Side::JetStream => "plain JetStream",
+    }
+}
+
+async fn start_cluster_node(
+    args: &Args,
+    dir: &std::path::Path,
+    nats: &NatsCluster,
+    i: usize,
+) -> anyhow::Result<cairn_node::RunningNode> {
+    use cairn_node::config::{LogProviderKind, MetadataProviderKind};
+    let mut config = cairn_node::Config {
+        cluster_name: "bench".into(),
+        node_name: format!("n{i}"),
+        base_dir: dir.join(format!("n{i}")),
+        bind_address: "127.0.0.1:0".parse()?,
+        num_partitions: args.partitions,
+        metrics: cairn_node::config::MetricsConfig { bind_address: None },
+        ..cairn_node::Config::default()
+    };
+    config.log.provider = LogProviderKind::Nats;
+    config.metadata.provider = MetadataProviderKind::Nats;
+    config.nats.servers = nats.urls();
+    config.nats.replicas = args.replicas;
+    config.cluster.initial_nodes = args.nodes;
+    config.cluster.standbys = args.standbys;
+    config.worker.snapshots.destination = Some(dir.join("repository").display().to_string());
+    cairn_node::start(config)
+        .await
+        .with_context(|| format!("start cluster node n{i}"))
+}
+
+/// Polls `partitions list` until every partition is active.
+async fn wait_until_serving(address: &str, args: &Args) -> anyhow::Result<()> {
+    let client = Client::connect(address, &ClientOptions::default()).await?;
+    let deadline = Instant::now() + Duration::from_secs_f64(args.start_timeout);
+    loop {
+        let partitions = client.list_partitions().await?.partitions;
+        let waiting: Vec<String> = partitions
+            .iter()
+            .filter(|p| p.status != "active")
+            .map(|p| format!("{}: {}", p.partition_id, p.status))
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "partitions not serving after {}s at {address}: {}; allow longer with --start-timeout",
+            args.start_timeout,
+            waiting.join(", ")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Fresh keys for request `seq` of `client` in `round`.
+fn keys(args: &Args, tag: &str, round: usize, client: usize, seq: u64) -> Vec<Bytes> {
+    (0..args.batch)
+        .map(|j| Bytes::from(format!("{tag}-r{round}-c{client}-{seq}-{j}")))
+        .collect()
+}
+
+/// Runs one workload for `--seconds` with `--clients` clients spread over `addresses`.
+async fn drive_cairn(
+    args: &Args,
+    addresses: &[String],
+    workload: Workload,
+    round: usize,
+) -> anyhow::Result<Figures> {
+    // Clients of the cluster route by themselves, each key straight to its leader.
+    let mut clients = Vec::with_capacity(args.clients);
+    for c in 0..args.clients {
+        let address = &addresses[c % addresses.len()];
+        clients.push(RoutingClient::connect(address, &ClientOptions::default()).await?);
+    }
+    let value = Bytes::from(vec![b'v'; args.value_bytes]);
+    let tag = match workload {
+        Workload::Put => format!("put-{}", addresses.len()),
+        Workload::Insert => format!("iia-{}", addresses.len()),
+    };
+    let owned = args.clone();
+    drive(args, clients, move |client, c, seq| {
+        let keys = keys(&owned, &tag, round, c, seq);
+        let value = value.clone();
+        async move {
+            match workload {
+                Workload::Put => {
+                    let entries = keys
+                        .into_iter()
+                        .map(|key| PutEntry {
+                            key,
+                            value: value.clone(),
+                            ttl: None,
+                        })
+                        .collect();
+                    client.put(entries).await.context("Cairn put")?;
+                }
+                Workload::Insert => {
+                    let inserted = client
+                        .insert_if_absent(keys, value, Some(Duration::from_secs(3600)))
+                        .await
+                        .context("Cairn insert-if-absent")?;
+                    anyhow::ensure!(inserted.iter().all(|i| *i), "a fresh key was not inserted");
+                }
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Every client sends one request after the other for `--seconds`; `request(connection, client,
+/// seq)` sends one.
+async fn drive<C, F, Fut>(args: &Args, connections: Vec<C>, request: F) -> anyhow::Result<Figures>
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let batch = args.batch as u64;
+    let tasks: Vec<_> = connections
+        .into_iter()
+        .enumerate()
+        .map(|(c, connection)| {
+            let (stop, request) = (stop.clone(), request.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut seq = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    request(connection.clone(), c, seq).await?;
+                    latencies.push(sent.elapsed());
+                    seq += 1;
+                }
+                anyhow::Ok(latencies)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    for task in futures::future::join_all(tasks).await {
+        latencies.extend(task??);
+    }
+    latencies.sort_unstable();
+    Ok(Figures {
+        keys: latencies.len() as u64 * batch,
+        elapsed: start.elapsed(),
+        latencies,
+    })
+}
+
+/// Plain JetStream: one stream per partition, as Cairn's, published to directly.
+struct PlainJetStream {
+    /// One connection per NATS server, as each Cairn node has one.
+    contexts: Vec<async_nats::jetstream::Context>,
+}
+
+impl PlainJetStream {
+    async fn start(args: &Args, nats: &NatsCluster) -> anyhow::Result<PlainJetStream> {
+        let mut contexts = Vec::new();
+        for url in nats.urls() {
+            let client = async_nats::connect(url.as_str())
+                .await
+                .with_context(|| format!("connect to NATS at {url}"))?;
+            contexts.push(async_nats::jetstream::new(client));
+        }
+        for p in 0..args.partitions {
+            let config = async_nats::jetstream::stream::Config {
+                name: format!("plain-p{p}"),
+                subjects: vec![format!("plain.p{p}")],
+                storage: async_nats::jetstream::stream::StorageType::File,
+                num_replicas: args.replicas,
+                ..Default::default()
+            };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match contexts[0].get_or_create_stream(config.clone()).await {
+                    Ok(_) => break,
+                    Err(err) if Instant::now() < deadline => {
+                        progress(&format!(
+                            "plain JetStream: creating stream {p} again: {err}"
+                        ));
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(err) => return Err(err).context("create a plain JetStream stream"),
+                }
+            }
+        }
+        Ok(PlainJetStream { contexts })
+    }
+
+    async fn drive(&self, args: &Args, round: usize) -> anyhow::Result<Figures> {
+        let connections: Vec<_> = (0..args.clients)
+            .map(|c| self.contexts[c % self.contexts.len()].clone())
+            .collect();
+        let value = Bytes::from(vec![b'v'; args.value_bytes]);
+        let partitions = args.partitions;
+        let args_owned = args.clone();
+        drive(args, connections, move |jetstream, c, seq| {
+            // Each partition's share of the request as one message, key and value as Cairn
+            // puts them in its record.
+            let mut shares: BTreeMap<u16, BytesMut> = BTreeMap::new();
+            for key in keys(&args_owned, "plain", round, c, seq) {
+                let p = partition_for_key(partition_key(&key), partitions).0;
+                let share = shares.entry(p).or_default();
+                share.put_u32(key.len() as u32);
+                share.put_slice(&key);
+                share.put_u32(value.len() as u32);
+                share.put_slice(&value);
+            }
+            async move {
+                let mut acks = Vec::with_capacity(shares.len());
+                for (p, share) in shares {
+                    acks.push(
+                        jetstream
+                            .publish(format!("plain.p{p}"), share.freeze())
+                            .await
+                            .context("publish to JetStream")?,
+                    );
+                }
+                for ack in acks {
+                    ack.await.context("JetStream acknowledgement")?;
+                }
+                Ok(())
+            }
+        })
+        .await
+    }
+}
+
+/// The run of median throughput (the lower middle one of an even count).
+fn median(mut runs: Vec<Figures>) -> Figures {
+    runs.sort_by(|a, b| a.keys_per_second().total_cmp(&b.keys_per_second()));
+    runs.swap_remove((runs.len() - 1) / 2)
+}
+
+fn print_report(args: &Args, results: &Results) {
+    println!();
+    println!(
+        "{:<34} {:<16} {:>12} {:>8} {:>8}",
+        "workload", "", "keys/s", "p50 ms", "p99 ms"
+    );
+    let plain = &results[&(Workload::Put, label(Side::JetStream))];
+    for workload in [Workload::Put, Workload::Insert] {
+        for side in [Side::Cluster, Side::Single, Side::JetStream] {
+            let figures = match side {
+                Side::JetStream => plain,
+                _ => &results[&(workload, label(side))],
+            };
+            println!(
+                "{:<34} {:<16} {:>12.0} {:>8.2} {:>8.2}",
+                workload.name(args.batch),
+                label(side),
+                figures.keys_per_second(),
+                figures.latency_ms(0.50),
+                figures.latency_ms(0.99)
+            );
+        }
+    }
+    println!();
+    for workload in [Workload::Put, Workload::Insert] {
+        let cluster = &results[&(workload, label(Side::Cluster))];
+        let single = &results[&(workload, label(Side::Single))];
+        println!(
+            "{}: cluster/plain JetStream {:.2}, cluster/single node {:.2}",
+            workload.name(args.batch),
+            cluster.keys_per_second() / plain.keys_per_second(),
+            cluster.keys_per_second() / single.keys_per_second()
+        );
+    }
+}
