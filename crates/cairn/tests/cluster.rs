@@ -5,7 +5,9 @@ mod support;
 
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, RoutingClient};
+use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::test_util::NatsCluster;
+use cairn_metadata::{ArchivedHistory, get_typed};
 use cairn_snapshots::test_util::moto;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -208,6 +210,24 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
         .find(|l| l.contains(&id))
         .unwrap_or_else(|| panic!("{id} not listed:\n{listed}"));
     assert!(row.contains(leader.as_str()), "taken by {leader}: {row}");
+    // What the snapshot covers is in the metadata store, for whichever node leads next.
+    let metadata = NatsMetadataStore::connect(&NatsMetadataOptions {
+        servers: nats.urls(),
+        bucket: "cairn-cairn".into(),
+        replicas: 3,
+    })
+    .await
+    .unwrap();
+    let (_, history) = get_typed::<ArchivedHistory>(
+        &metadata,
+        &ArchivedHistory::key(cairn_types::PartitionId(partition as u16)),
+        "archived LSN history",
+    )
+    .await
+    .unwrap()
+    .expect("the archived LSN is in the metadata store");
+    let snapshot_lsn: u64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert_eq!(history.seen.last().map(|(lsn, _)| *lsn), Some(snapshot_lsn));
 
     // Every process stopped and started again: all data there.
     for node in nodes.drain(..) {

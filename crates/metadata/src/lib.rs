@@ -17,8 +17,8 @@ mod records;
 pub mod test_util;
 
 pub use records::{
-    ClusterRecord, ControllerLease, Members, NodeRecord, Observed, ObservedPartition,
-    PartitionPlacement, PartitionTable,
+    ArchivedHistory, ClusterRecord, ControllerLease, Members, NodeRecord, Observed,
+    ObservedPartition, PartitionPlacement, PartitionTable,
 };
 
 use async_trait::async_trait;

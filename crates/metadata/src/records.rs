@@ -109,3 +109,60 @@ pub struct ObservedPartition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+/// The archived LSNs of one partition (what its retained snapshots cover), each with when a node
+/// first saw it, oldest first: automatic trimming waits `trim-log-delay` from there, whichever
+/// node leads the partition by then. Key: [`ArchivedHistory::key`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchivedHistory {
+    /// `(archived LSN, first seen in milliseconds since the Unix epoch)`.
+    pub seen: Vec<(u64, u64)>,
+}
+
+impl ArchivedHistory {
+    pub fn key(partition: PartitionId) -> String {
+        format!("archived/{partition}")
+    }
+
+    /// Archived LSNs remembered per partition.
+    pub const LEN_MAX: usize = 256;
+
+    /// Notes `lsn` as the archived LSN at `now_ms`; returns whether anything changed. A smaller
+    /// LSN than those known (the repository was rewound) makes the larger ones untrustworthy.
+    pub fn remember(&mut self, lsn: u64, now_ms: u64) -> bool {
+        if self.seen.last().map(|(known, _)| *known) == Some(lsn) {
+            return false;
+        }
+        self.seen.retain(|(known, _)| *known < lsn);
+        self.seen.push((lsn, now_ms));
+        if self.seen.len() > Self::LEN_MAX {
+            self.seen.remove(0);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archived_history_keeps_when_each_lsn_was_first_seen() {
+        let mut history = ArchivedHistory::default();
+        assert!(history.remember(10, 1_000));
+        assert!(
+            !history.remember(10, 2_000),
+            "seen already: its first sighting stays"
+        );
+        assert!(history.remember(20, 3_000));
+        assert_eq!(history.seen, vec![(10, 1_000), (20, 3_000)]);
+        // A rewound repository: the larger LSN is forgotten.
+        assert!(history.remember(15, 4_000));
+        assert_eq!(history.seen, vec![(10, 1_000), (15, 4_000)]);
+        for lsn in 100..100 + ArchivedHistory::LEN_MAX as u64 {
+            history.remember(lsn, lsn);
+        }
+        assert_eq!(history.seen.len(), ArchivedHistory::LEN_MAX);
+        assert_eq!(history.seen[0].0, 100);
+    }
+}

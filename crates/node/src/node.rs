@@ -16,7 +16,8 @@ use cairn_log::nats::{NatsLogOptions, NatsLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::{
-    ClusterRecord, MetadataStore, NodeRecord, PartitionTable, Precondition, get_typed, put_typed,
+    ArchivedHistory, ClusterRecord, MetadataStore, NodeRecord, PartitionTable, Precondition,
+    get_typed, put_typed,
 };
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
@@ -39,8 +40,9 @@ pub(crate) struct NodeState {
     /// `None` when the node has no snapshot repository.
     pub snapshots: Option<SnapshotProducer>,
     /// Per partition, the archived LSNs `latest.json` has said it covers, oldest first, each with
-    /// when this node first saw it (the delay of automatic trimming counts from there).
-    pub archived_lsn: Mutex<HashMap<PartitionId, Vec<(Lsn, Instant)>>>,
+    /// when it was first seen (the delay of automatic trimming counts from there): this node's,
+    /// or in a cluster the metadata store's as this node last read it.
+    pub archived_lsn: Mutex<HashMap<PartitionId, ArchivedHistory>>,
     /// Per partition, how many snapshot publishes run or wait (requested or automatic).
     pub publishing: Mutex<HashMap<PartitionId, usize>>,
     /// Scratch space for files served to clients (snapshot tars).
@@ -66,33 +68,76 @@ impl NodeState {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
-            .and_then(|seen| seen.last())
-            .map(|(lsn, _)| *lsn)
+            .and_then(|history| history.seen.last())
+            .map(|(lsn, _)| Lsn(*lsn))
     }
 
-    /// The newest archived LSN that has been archived for at least `delay`.
+    /// The newest archived LSN that has been archived for at least `delay` (by the wall clock).
     pub fn archived_for(&self, id: PartitionId, delay: std::time::Duration) -> Option<Lsn> {
+        let now = cluster::now_ms();
         self.archived_lsn
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)?
+            .seen
             .iter()
             .rev()
-            .find(|(_, since)| since.elapsed() >= delay)
-            .map(|(lsn, _)| *lsn)
+            .find(|(_, since)| now.saturating_sub(*since) >= delay.as_millis() as u64)
+            .map(|(lsn, _)| Lsn(*lsn))
     }
 
-    pub fn set_archived_lsn(&self, id: PartitionId, lsn: Lsn) {
-        /// Archived LSNs remembered per partition for the trim delay.
-        const HISTORY_MAX: usize = 256;
-        let mut archived = self.archived_lsn.lock().unwrap_or_else(|p| p.into_inner());
-        let seen = archived.entry(id).or_default();
-        if seen.last().map(|(known, _)| *known) != Some(lsn) {
-            // A smaller LSN (the repository was rewound) makes the larger ones untrustworthy.
-            seen.retain(|(known, _)| *known < lsn);
-            seen.push((lsn, Instant::now()));
-            if seen.len() > HISTORY_MAX {
-                seen.remove(0);
+    /// Notes `lsn` as `id`'s archived LSN. In a cluster the history is the metadata store's, so
+    /// that the trim delay counts from when any node first saw an LSN, whichever node leads the
+    /// partition next; this node's copy is what it last read or wrote there.
+    async fn note_archived_lsn(&self, id: PartitionId, lsn: Lsn) {
+        if self.config.cluster_mode() {
+            match self.share_archived_lsn(id, lsn).await {
+                Ok(history) => {
+                    self.archived_lsn
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, history);
+                    return;
+                }
+                Err(err) => tracing::warn!(
+                    partition = %id,
+                    "cannot keep the archived LSN in the metadata store (this node keeps it meanwhile): {err}"
+                ),
+            }
+        }
+        self.archived_lsn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default()
+            .remember(lsn.0, cluster::now_ms());
+    }
+
+    /// Adds `lsn` to the history in the metadata store (compare-and-swap) and returns it.
+    async fn share_archived_lsn(
+        &self,
+        id: PartitionId,
+        lsn: Lsn,
+    ) -> cairn_metadata::Result<ArchivedHistory> {
+        let key = ArchivedHistory::key(id);
+        loop {
+            let (precondition, mut history) = match get_typed::<ArchivedHistory>(
+                self.metadata.as_ref(),
+                &key,
+                "archived LSN history",
+            )
+            .await?
+            {
+                Some((version, history)) => (Precondition::MatchesVersion(version), history),
+                None => (Precondition::DoesNotExist, ArchivedHistory::default()),
+            };
+            if !history.remember(lsn.0, cluster::now_ms()) {
+                return Ok(history);
+            }
+            match put_typed(self.metadata.as_ref(), &key, &history, precondition).await {
+                Ok(_) => return Ok(history),
+                Err(cairn_metadata::Error::PreconditionFailed { .. }) => continue,
+                Err(err) => return Err(err),
             }
         }
     }
@@ -147,7 +192,7 @@ impl NodeState {
         };
         match snapshots.repository().latest(id).await {
             Ok(Some(latest)) => {
-                self.set_archived_lsn(id, latest.archived_lsn);
+                self.note_archived_lsn(id, latest.archived_lsn).await;
                 if let Ok(metadata) = snapshots
                     .repository()
                     .metadata(id, latest.snapshot_id)
