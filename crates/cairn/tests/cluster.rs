@@ -309,3 +309,105 @@ fn a_node_name_held_by_a_live_node_or_a_cluster_without_a_shared_repository_is_r
         "{err}"
     );
 }
+
+/// The value of `metric{partition="p"}` in a node's Prometheus text.
+fn partition_metric(text: &str, metric: &str, partition: usize) -> Option<u64> {
+    let prefix = format!("{metric}{{partition=\"{partition}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsCluster::start(&dir.path().join("nats"));
+    let config = cluster_config(dir.path(), &nats);
+    let names: Vec<String> = (1..=NODES).map(|i| format!("n{i}")).collect();
+    let mut nodes: Vec<Option<Server>> = names
+        .iter()
+        .map(|name| Some(start_node(dir.path(), &config, name)))
+        .collect();
+    let first = nodes[0].as_ref().unwrap().address.clone();
+    let table = wait_until_serving(&first);
+    // A partition that n1 leads, and its follower.
+    let placed = placement(&table);
+    let partition = placed
+        .iter()
+        .position(|(leader, _)| leader == "n1")
+        .expect("n1 leads a partition");
+    let follower = placed[partition].1.clone();
+    let f = names.iter().position(|n| *n == follower).unwrap();
+
+    // The follower goes away; meanwhile its partition gets records, a snapshot, and a trim past
+    // them.
+    nodes[f].take().unwrap().kill();
+    let keys = support::keys_of_partition("behind", partition as u16, 300);
+    put_keys(&first, &keys, 50).await;
+    ok(cairnctl(
+        &first,
+        &[
+            "snapshots",
+            "create",
+            "-p",
+            &partition.to_string(),
+            "--trim-log",
+        ],
+    ));
+    let trimmed = ok(cairnctl(
+        &first,
+        &["logs", "describe", "-l", &partition.to_string()],
+    ));
+    let trim_point: u64 = trimmed
+        .lines()
+        .nth(1)
+        .and_then(|row| row.split_whitespace().nth(1))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no trim point in:\n{trimmed}"));
+    assert!(trim_point > 0, "the log was trimmed:\n{trimmed}");
+
+    // Back on its base dir, the follower finds its store behind the trim point: it restores
+    // from the repository, then follows the log again, new records included.
+    let back = start_node(dir.path(), &config, &follower);
+    let more = support::keys_of_partition("after", partition as u16, 100);
+    put_keys(&first, &more, 50).await;
+    let leader_tail = {
+        let client = Client::connect(&first, &ClientOptions::default())
+            .await
+            .unwrap();
+        client
+            .list_partitions()
+            .await
+            .unwrap()
+            .partitions
+            .into_iter()
+            .find(|p| p.partition_id as usize == partition)
+            .unwrap()
+            .log_tail
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let applied = partition_metric(
+            &support::scrape(&back),
+            "cairn_partition_applied_lsn",
+            partition,
+        );
+        if applied == Some(leader_tail) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{follower} applied {applied:?} of partition {partition}, the leader's log ends at {leader_tail}:\n{}",
+            back.output()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        back.output()
+            .lines()
+            .any(|l| l.contains("Restored partition from snapshot")
+                && l.contains(&format!("partition={partition} "))),
+        "{follower} restored partition {partition} from the repository:\n{}",
+        back.output()
+    );
+}
