@@ -4,9 +4,11 @@
 //! It learns the partition table (leader per partition, and the table's version) and the nodes'
 //! addresses from one node, keeps a connection per leader, splits every request by leader and
 //! merges the answers in request order. A share answered `UNAVAILABLE` (a node that no longer
-//! leads the partition, or is taking it over) is sent again, alone, once the table was read
-//! anew, up to [`ATTEMPTS`] times: shares that succeeded are never sent twice, so an
-//! insert-if-absent answers for each key what its one accepted attempt did.
+//! leads the partition, or is taking it over: nothing of it was done) is sent again, alone, once
+//! the table was read anew, up to [`ATTEMPTS`] times: shares that succeeded are never sent twice.
+//! An insert-if-absent is split by partition, not by node, so that its answer for each key is
+//! what its one accepted attempt did. A share whose outcome is unknown (`DEADLINE_EXCEEDED`) is
+//! never sent again.
 
 use crate::{Client, ClientOptions, PutEntry, Result};
 use bytes::Bytes;
@@ -121,8 +123,16 @@ impl RoutingClient {
     }
 
     /// Runs `call` on each leader's share of `keys` (their indices in request order) and puts
-    /// the per-key answers back in order; shares answered `UNAVAILABLE` are routed again.
-    async fn scatter<T, F, Fut>(&self, keys: &[Bytes], call: F) -> Result<Vec<T>>
+    /// the per-key answers back in order; shares answered `UNAVAILABLE` are routed again. With
+    /// `per_partition`, a share is one partition's keys: a node answers a share that spans
+    /// partitions with its first error, though the others may have taken effect, which only a
+    /// request that must not run twice (insert-if-absent) needs to avoid.
+    async fn scatter<T, F, Fut>(
+        &self,
+        keys: &[Bytes],
+        per_partition: bool,
+        call: F,
+    ) -> Result<Vec<T>>
     where
         T: Clone + Default,
         F: Fn(Client, Vec<usize>) -> Fut,
@@ -146,8 +156,13 @@ impl RoutingClient {
                     .cloned()
                     .flatten()
                     .unwrap_or_else(|| self.seed.clone());
+                let share = if per_partition {
+                    format!("{}#{partition}", client.address())
+                } else {
+                    client.address().to_string()
+                };
                 shares
-                    .entry(client.address().to_string())
+                    .entry(share)
                     .or_insert_with(|| (client, Vec::new()))
                     .1
                     .push(i);
@@ -189,7 +204,7 @@ impl RoutingClient {
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         let entries = &entries;
-        self.scatter(&keys, |client, indices| async move {
+        self.scatter(&keys, false, |client, indices| async move {
             let mine = indices.iter().map(|&i| entries[i].clone()).collect();
             client.put(mine).await.map(|()| vec![(); indices.len()])
         })
@@ -200,7 +215,7 @@ impl RoutingClient {
     /// Values in the order of `keys`; `None` for absent or expired keys.
     pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
         let all = &keys;
-        self.scatter(&keys, |client, indices| async move {
+        self.scatter(&keys, false, |client, indices| async move {
             client
                 .get(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
@@ -210,7 +225,7 @@ impl RoutingClient {
 
     pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
         let all = &keys;
-        self.scatter(&keys, |client, indices| async move {
+        self.scatter(&keys, false, |client, indices| async move {
             client
                 .delete(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
@@ -222,7 +237,7 @@ impl RoutingClient {
 
     pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
         let all = &keys;
-        self.scatter(&keys, |client, indices| async move {
+        self.scatter(&keys, false, |client, indices| async move {
             client
                 .exists(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
@@ -239,7 +254,7 @@ impl RoutingClient {
     ) -> Result<Vec<bool>> {
         let all = &keys;
         let value = &value;
-        self.scatter(&keys, |client, indices| async move {
+        self.scatter(&keys, true, |client, indices| async move {
             client
                 .insert_if_absent(
                     indices.iter().map(|&i| all[i].clone()).collect(),

@@ -173,7 +173,7 @@ async fn a_second_node_reads_what_the_first_appends_and_sees_its_trims() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_writers_on_one_log_never_interleave_and_lose_nothing_acknowledged() {
+async fn two_writers_on_one_log_lose_nothing_acknowledged_and_store_nothing_refused() {
     let dir = tempfile::tempdir().unwrap();
     let server = NatsServer::start(dir.path(), 0);
     let name = fresh_cluster();
@@ -324,4 +324,32 @@ async fn a_record_larger_than_a_nats_message_is_refused_saying_the_limit() {
         other => panic!("expected RecordTooLarge, got {other}"),
     }
     assert_eq!(log.append(vec![payload("fits")]).await.unwrap(), Lsn(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_far_behind_reads_everything_through_a_small_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NatsServer::start(dir.path(), 0);
+    let name = fresh_cluster();
+    let writer = provider(options(&[server.url()], &name, 1)).await;
+    let written = open(&writer, 1).await;
+    // 2 MiB of 4 KiB records, read by another node whose buffer holds 64 KiB: its tailer must
+    // wait for room and go on as the reader reads, never stall.
+    let records: Vec<Bytes> = (0..512u32)
+        .map(|i| Bytes::from(vec![(i % 251) as u8; 4096]))
+        .collect();
+    for chunk in records.chunks(16) {
+        written.append(chunk.to_vec()).await.unwrap();
+    }
+    let mut small = options(&[server.url()], &name, 1);
+    small.cache_bytes = 64 << 10;
+    let reader = provider(small).await;
+    let read = open(&reader, 1).await;
+    let entries = tokio::time::timeout(Duration::from_secs(60), read_all(&read, 1, 512))
+        .await
+        .expect("the reader gets every record");
+    assert_eq!(
+        entries.into_iter().map(|e| e.payload).collect::<Vec<_>>(),
+        records
+    );
 }

@@ -150,11 +150,13 @@ pub async fn run(
                         version = current;
                     }
                     Ok(other) => {
+                        // Two nodes of one name would both lead what the table gives that name.
                         error!(
                             node = %record.name,
-                            "another node took this node's name ({:?}); this node stops its heartbeat: stop it and give it another node-name",
+                            "another node took this node's name ({:?}) while this one was silent; this node stops: start it again once the other is gone, or give it another node-name",
                             other.map(|(_, o)| o.address)
                         );
+                        cancel.cancel();
                         return;
                     }
                     Err(err) => warn!("heartbeat: {err}"),

@@ -129,6 +129,15 @@ impl Routes {
             .collect())
     }
 
+    pub async fn exists(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<bool>, Status> {
+        let mut kv = self.peer(address)?.kv;
+        let answer = kv
+            .exists(mark(v1::ExistsRequest { keys }))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(answer.into_inner().exists)
+    }
+
     pub async fn delete(&self, address: &str, keys: Vec<Bytes>) -> Result<(), Status> {
         let mut kv = self.peer(address)?.kv;
         kv.delete(mark(v1::DeleteRequest { keys }))

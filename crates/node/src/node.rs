@@ -689,29 +689,41 @@ fn serve_grpc(
 /// In a cluster: follows the partition table and reconciles the partitions with every version
 /// of it (intent → what this node runs), and keeps the routes to the leaders.
 async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
-    let mut watch = loop {
-        match state.metadata.watch(PartitionTable::KEY).await {
-            Ok(watch) => break watch,
-            Err(err) => {
-                tracing::warn!("watch the partition table: {err}");
-                tokio::select! {
-                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                    () = cancel.cancelled() => return,
-                }
-            }
-        }
-    };
+    let mut watch = None;
     let mut table = PartitionTable::default();
     let mut serving = None;
     loop {
+        // A watch that ended (its connection to NATS broke) is made again; it starts with the
+        // table's current version, so nothing committed meanwhile is missed.
+        let current = match &mut watch {
+            Some(current) => current,
+            None => match state.metadata.watch(PartitionTable::KEY).await {
+                Ok(new) => watch.insert(new),
+                Err(err) => {
+                    tracing::warn!("watch the partition table: {err}");
+                    tokio::select! {
+                        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        () = cancel.cancelled() => return,
+                    }
+                    continue;
+                }
+            },
+        };
         let next = tokio::select! {
-            version = watch.next() => version,
+            version = current.next() => match version {
+                Some(version) => Some(version),
+                None => {
+                    watch = None;
+                    continue;
+                }
+            },
             // Again now and then with the same intent: a partition that stopped (its log trimmed
             // past its store) or could not start is started again, and node addresses refreshed.
             () = tokio::time::sleep(RECONCILE_INTERVAL) => None,
             () = cancel.cancelled() => return,
         };
         if let Some(mut latest) = next {
+            let watch = watch.as_mut().expect("a version came from it");
             // Only the newest version matters: skip those already superseded.
             while let Some(Some(newer)) = futures::FutureExt::now_or_never(watch.next()) {
                 latest = newer;

@@ -24,6 +24,8 @@ fn status_of(err: cairn_worker::Error) -> Status {
     use cairn_worker::Error as E;
     match &err {
         E::NotLeader { .. } | E::Stopped { .. } => Status::unavailable(err.to_string()),
+        // Not worth a blind retry: it may have taken effect.
+        E::Undecided { .. } => Status::deadline_exceeded(err.to_string()),
         // The record was skipped, so nothing happened: the caller may retry.
         E::Fenced { .. } => Status::aborted(err.to_string()),
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
@@ -212,7 +214,8 @@ impl KeyValueService {
     /// a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an answer that
     /// no gRPC message can hold. Keys are read a few at a time, so no more than one chunk's values
     /// past the bound are ever held; all local partitions' keys in one blocking task, the others'
-    /// from their leaders.
+    /// from their leaders. With no bound (`usize::MAX`) only presence counts: the others'
+    /// leaders say whether each key exists, and their values stand in as empty.
     async fn read_within(
         &self,
         keys: &[Bytes],
@@ -236,8 +239,22 @@ impl KeyValueService {
             }
         }
         let routes = &self.state.routes;
+        // Presence only (`exists`, unbounded): leaders answer it without sending the values.
+        let presence = bytes_max == usize::MAX;
         let remote = futures::future::join_all(remote.into_iter().map(
-            |(address, share, mine)| async move { (routes.get(&address, share).await, mine) },
+            |(address, share, mine)| async move {
+                let values = if presence {
+                    routes.exists(&address, share).await.map(|found| {
+                        found
+                            .into_iter()
+                            .map(|there| there.then(Bytes::new))
+                            .collect()
+                    })
+                } else {
+                    routes.get(&address, share).await
+                };
+                (values, mine)
+            },
         ));
         let (values, remote) =
             tokio::join!(cairn_worker::read_shares(shares, CHUNK, bytes_max), remote);

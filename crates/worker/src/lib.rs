@@ -48,6 +48,19 @@ pub enum Error {
         partition: PartitionId,
         current: Epoch,
     },
+    /// The request's record is in the log, but the partition stopped before applying it: a
+    /// later leader applies it, so the request may or may not take effect. A retry is not the
+    /// same request (an insert-if-absent retried would answer for the first attempt's insert).
+    #[error(
+        "partition {partition}: the request was written to the log at LSN {lsn}, but the \
+         partition stopped before applying it ({reason}); it may still take effect: read the \
+         keys to know"
+    )]
+    Undecided {
+        partition: PartitionId,
+        lsn: Lsn,
+        reason: String,
+    },
     /// The processor stopped and the partition serves nothing until an operator acts.
     #[error("partition {partition} is stopped: {reason}")]
     Stopped {

@@ -539,12 +539,18 @@ impl Partition {
             self.halt(&err);
             return Err(err);
         }
+        // The record is in the log: a stop from here on leaves its outcome to a later leader.
+        let undecided = |reason: String| Error::Undecided {
+            partition: self.id(),
+            lsn,
+            reason,
+        };
         match rx.await {
+            Ok(Err(Error::Stopped { reason, .. })) => Err(undecided(reason)),
             Ok(outcome) => outcome,
-            Err(_) => Err(Error::Stopped {
-                partition: self.id(),
-                reason: "the processor ended before applying the request".into(),
-            }),
+            Err(_) => Err(undecided(
+                "the processor ended before applying the request".into(),
+            )),
         }
     }
 }

@@ -378,7 +378,13 @@ impl PlainJetStream {
             let client = async_nats::connect(url.as_str())
                 .await
                 .with_context(|| format!("connect to NATS at {url}"))?;
-            contexts.push(async_nats::jetstream::new(client));
+            // As patient as Cairn's own appends: on a saturated machine an acknowledgement
+            // may take longer than the client's default 5 s.
+            contexts.push(
+                async_nats::jetstream::context::ContextBuilder::new()
+                    .timeout(Duration::from_secs(30))
+                    .build(client),
+            );
         }
         for p in 0..args.partitions {
             let config = async_nats::jetstream::stream::Config {

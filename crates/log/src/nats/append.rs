@@ -180,6 +180,9 @@ impl Append {
     async fn outcome(&self, mut ack: PublishAckFuture) -> Result<Lsn> {
         let log_id = self.shared.log_id;
         let started = Instant::now();
+        // Once one attempt went unanswered, its append may still land: from then on only the
+        // record at `expected + 1` (or the deadline) decides, never a refusal of a later attempt.
+        let mut unanswered = false;
         loop {
             let error = match ack.await {
                 Ok(ack) if ack.sequence == self.last() => return Ok(self.stored()),
@@ -195,10 +198,11 @@ impl Append {
                 }
                 Err(error) => error,
             };
-            let silent = matches!(
+            unanswered |= matches!(
                 error.kind(),
                 PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
             );
+            let silent = unanswered;
             if !silent && !wrong_last_sequence(&error) {
                 // JetStream refused it for another reason: nothing was written.
                 return Err(self.shared.nats_error("append")(error.into()));

@@ -7,8 +7,10 @@
 //! - **Appends** go through one task per log ([`append`]), which sends them in order without
 //!   waiting for the previous acknowledgement: many are in flight at once. Each names the
 //!   sequence the stream must end at before it (`Nats-Expected-Last-Sequence`), so appends of
-//!   one writer land back to back and in order, a second writer (a leader that lost its
-//!   leadership) cannot interleave records, and retrying an append whose acknowledgement was
+//!   one writer land back to back and in order, an append that meets a second writer's record
+//!   (a leader that lost its leadership) fails (appends it already had in flight behind that one
+//!   may land after the other's record: the processor skips them by their epoch), and retrying
+//!   an append whose acknowledgement was
 //!   lost cannot write it twice: the retry names the same sequence, so at most one of the two
 //!   lands, and the record found there (by an id in its headers) says which. An append of
 //!   several records is a JetStream atomic batch: all of its records land, back to back, or
@@ -77,6 +79,10 @@ const HEADER_ALLOWANCE: usize = 256;
 /// Appends sent and not yet acknowledged, per log, before the next one waits.
 const APPENDS_IN_FLIGHT_MAX: usize = 1024;
 
+/// Acknowledgements the NATS client waits for at once, for all logs: more than any number of
+/// partitions times [`APPENDS_IN_FLIGHT_MAX`] can reach.
+const ACKS_IN_FLIGHT_MAX: usize = 1 << 24;
+
 pub struct NatsLogProvider {
     client: async_nats::Client,
     jetstream: jetstream::Context,
@@ -103,7 +109,12 @@ impl NatsLogProvider {
                 connect_error(format!("no server answered within {CONNECT_TIMEOUT:?}").into())
             })?
             .map_err(|e| connect_error(e.into()))?;
-        let jetstream = jetstream::new(client.clone());
+        // The appenders bound what is in flight (per log); the context's own bound, shared by
+        // every log, must not be lower, or appenders waiting for a permit stop polling the
+        // acknowledgements that would free one.
+        let jetstream = jetstream::context::ContextBuilder::new()
+            .max_ack_inflight(ACKS_IN_FLIGHT_MAX)
+            .build(client.clone());
         Ok(NatsLogProvider {
             client,
             jetstream,

@@ -96,6 +96,18 @@ impl View {
         }
     }
 
+    /// Notes that the reader needs nothing below `lsn` any more: those records may go, and a
+    /// tailer waiting for room may go on. Returns whether that changed anything, in which case
+    /// the caller ticks `changed` (the tailer waits for it).
+    fn consumed_below(&mut self, lsn: u64, budget: usize) -> bool {
+        if lsn <= self.read_from {
+            return false;
+        }
+        self.read_from = lsn;
+        self.evict(budget, false);
+        true
+    }
+
     /// Drops the oldest records until at most `budget` bytes are left; only those already read
     /// unless `unread` too.
     fn evict(&mut self, budget: usize, unread: bool) {
@@ -153,17 +165,27 @@ pub(super) async fn read(
                     trim_point: Lsn(view.trim_point),
                 });
             }
+            let budget = shared.options.cache_bytes;
             if max_records == 0 || from > view.tail {
+                let moved = view.consumed_below(from, budget);
+                drop(view);
+                if moved {
+                    shared.changed.send_replace(());
+                }
                 return Ok(Vec::new());
             }
-            view.read_from = view.read_from.max(from);
             let entries = view.collect(from, max_records);
-            if !entries.is_empty() {
-                view.evict(shared.options.cache_bytes, false);
+            if let Some(last) = entries.last() {
+                // What is returned is read: it no longer holds up the tailer.
+                let moved = view.consumed_below(last.lsn.0 + 1, budget);
                 drop(view);
-                // The tailer may be waiting for room.
-                shared.changed.send_replace(());
+                if moved {
+                    shared.changed.send_replace(());
+                }
                 return Ok(entries);
+            }
+            if view.consumed_below(from, budget) {
+                shared.changed.send_replace(());
             }
             view.want(from)
         };
@@ -185,6 +207,10 @@ pub(super) async fn wait_for_tail(shared: &Arc<Shared>, lsn: u64) -> Result<()> 
             let mut view = shared.view.lock();
             if view.tail >= lsn {
                 return Ok(());
+            }
+            // The reader waits for `lsn`: what is below it is read.
+            if view.consumed_below(lsn, shared.options.cache_bytes) {
+                shared.changed.send_replace(());
             }
             // Appends of this node move the tail when they land: while it appends, it is the
             // log's writer and needs no tailer. Otherwise only another node can move the tail,
@@ -301,15 +327,18 @@ async fn tail(shared: Arc<Shared>, generation: u64, from: u64) {
                     if !current(&view, generation) {
                         return;
                     }
-                    // Waits for room, unless the reader waits for this very record.
-                    let room = view.bytes <= shared.options.cache_bytes || lsn <= view.read_from;
+                    // A record the reader has read past is not kept. Others wait for room,
+                    // unless the reader waits for this very record.
+                    let passed = lsn < view.read_from;
+                    let room =
+                        passed || view.bytes <= shared.options.cache_bytes || lsn == view.read_from;
                     if room {
                         if lsn > next && next > view.trim_point {
                             // The records in between were trimmed before they could be
                             // delivered.
                             view.learned(lsn - 1, lsn - 1);
                         }
-                        let new = view.insert(lsn, message.payload.clone());
+                        let new = passed || view.insert(lsn, message.payload.clone());
                         view.tail = view.tail.max(lsn);
                         next = lsn + 1;
                         view.tailer = Some(Tailer { generation, next });
