@@ -102,17 +102,15 @@ async fn collect(writers: Vec<tokio::task::JoinHandle<Acknowledged>>, all: &mut 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three rounds of: a server from `start`, `WRITERS` clients writing, SIGKILL mid-write (the
+/// writers are still sending). Returns what the clients were acknowledged.
+async fn killed_mid_write(start: impl Fn() -> Server) -> Acknowledged {
     let mut all = Acknowledged::default();
-
     for round in 0..3 {
-        let server = Server::start(dir.path());
+        let server = start();
         let stop = Arc::new(AtomicBool::new(false));
         let writers = spawn_writers(&server.address, round, &stop);
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        // Kill mid-write: the writers are still sending.
         server.kill();
         stop.store(true, Ordering::Relaxed);
         collect(writers, &mut all).await;
@@ -122,6 +120,13 @@ async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
         "too few writes acknowledged to mean anything: {}",
         all.puts.len()
     );
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_survive_sigkill_and_dedup_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = killed_mid_write(|| Server::start(dir.path())).await;
     assert!(!all.winners.is_empty());
 
     let server = Server::start(dir.path());
@@ -155,21 +160,7 @@ async fn with_the_log_in_nats_acknowledged_writes_survive_sigkill_and_the_loss_o
     )
     .unwrap();
     let args = ["--config", config.to_str().unwrap()];
-    let mut all = Acknowledged::default();
-    for round in 0..3 {
-        let server = Server::start_with(&dir.path().join("n1"), &args, &[]);
-        let stop = Arc::new(AtomicBool::new(false));
-        let writers = spawn_writers(&server.address, round, &stop);
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        server.kill();
-        stop.store(true, Ordering::Relaxed);
-        collect(writers, &mut all).await;
-    }
-    assert!(
-        all.puts.len() > 100,
-        "too few writes acknowledged to mean anything: {}",
-        all.puts.len()
-    );
+    let all = killed_mid_write(|| Server::start_with(&dir.path().join("n1"), &args, &[])).await;
 
     let server = Server::start_with(&dir.path().join("n1"), &args, &[]);
     assert_all_acknowledged(&server.address, &all).await;
