@@ -7,7 +7,7 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, RoutingClient};
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::test_util::NatsCluster;
-use cairn_metadata::{ArchivedHistory, get_typed};
+use cairn_metadata::{ArchivedHistory, Observed, get_typed};
 use cairn_snapshots::test_util::moto;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -228,6 +228,34 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     .expect("the archived LSN is in the metadata store");
     let snapshot_lsn: u64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
     assert_eq!(history.seen.last().map(|(lsn, _)| *lsn), Some(snapshot_lsn));
+    // Beside the intent, each node reports what it runs: together, one leader per partition,
+    // the one the table names, and its follower.
+    let mut observed_leaders: HashMap<u16, Vec<String>> = HashMap::new();
+    for name in &names {
+        let (_, observed) = get_typed::<Observed>(
+            &metadata,
+            &Observed::key(&cairn_types::NodeId(name.clone())),
+            "observed",
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} reports what it runs"));
+        for (partition, running) in observed.partitions {
+            if running.role == "leader" {
+                observed_leaders
+                    .entry(partition.0)
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+    }
+    for (p, (leader, _)) in placed.iter().enumerate() {
+        assert_eq!(
+            observed_leaders.get(&(p as u16)),
+            Some(&vec![leader.clone()]),
+            "partition {p}"
+        );
+    }
 
     // Every process stopped and started again: all data there.
     for node in nodes.drain(..) {

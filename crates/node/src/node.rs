@@ -16,8 +16,8 @@ use cairn_log::nats::{NatsLogOptions, NatsLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::{
-    ArchivedHistory, ClusterRecord, MetadataStore, NodeRecord, PartitionTable, Precondition,
-    get_typed, put_typed,
+    ArchivedHistory, ClusterRecord, MetadataStore, NodeRecord, Observed, PartitionTable,
+    Precondition, get_typed, put_typed,
 };
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
@@ -750,6 +750,7 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
             () = state.partitions.reconcile(&table) => {}
             () = cancel.cancelled() => return,
         }
+        report_observed(&state).await;
         let running: Vec<bool> = state
             .partitions
             .slots()
@@ -769,6 +770,27 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
             );
             serving = Some(now);
         }
+    }
+}
+
+/// Writes what this node runs (`observed/<node>`) beside the intent, for operators and the
+/// controller to compare. Only this node writes its key.
+async fn report_observed(state: &NodeState) {
+    let mut observed = Observed::default();
+    for slot in state.partitions.slots() {
+        if let Some(partition) = slot.observed().await {
+            observed.partitions.insert(slot.id(), partition);
+        }
+    }
+    if let Err(err) = put_typed(
+        state.metadata.as_ref(),
+        &Observed::key(&state.node),
+        &observed,
+        Precondition::None,
+    )
+    .await
+    {
+        tracing::warn!("report what this node runs: {err}");
     }
 }
 

@@ -23,7 +23,8 @@ use crate::config::RestorePolicy;
 use crate::metrics::Metrics;
 use cairn_log::Loglet;
 use cairn_metadata::{
-    MetadataStore, PartitionPlacement, PartitionTable, Precondition, get_typed, put_typed,
+    MetadataStore, ObservedPartition, PartitionPlacement, PartitionTable, Precondition, get_typed,
+    put_typed,
 };
 use cairn_partition_store::{PartitionStore, PartitionStoreManager};
 use cairn_snapshots::SnapshotId;
@@ -180,6 +181,42 @@ impl Slot {
         let partition = self.running()?;
         partition.trim_log(up_to).await?;
         Ok(partition)
+    }
+
+    /// What this node runs of the partition, as it reports it in `observed/<node>`; `None` when
+    /// it runs nothing of it.
+    pub async fn observed(&self) -> Option<ObservedPartition> {
+        let (role, partition, reason) = match self.state() {
+            SlotState::Running(partition) => {
+                let role = if partition.leads() {
+                    "leader"
+                } else {
+                    "follower"
+                };
+                let reason = partition.stopped();
+                (role, Some(partition), reason)
+            }
+            SlotState::Starting => ("starting", None, None),
+            SlotState::Restoring => ("restoring", None, None),
+            SlotState::Down(reason) => ("down", None, Some(reason)),
+            SlotState::Elsewhere => return None,
+        };
+        let (epoch, applied_lsn) = match partition {
+            Some(partition) => {
+                let status = partition.status().await;
+                (
+                    status.leader.map(|l| l.epoch).unwrap_or_default(),
+                    status.applied_lsn.0,
+                )
+            }
+            None => (Epoch::default(), 0),
+        };
+        Some(ObservedPartition {
+            role: role.into(),
+            epoch,
+            applied_lsn,
+            reason,
+        })
     }
 
     pub async fn status(&self, stores: &Arc<PartitionStoreManager>) -> PartitionStatus {
