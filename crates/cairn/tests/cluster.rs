@@ -22,12 +22,7 @@ const PARTITIONS: usize = 16;
 fn cluster_config(dir: &Path, nats: &NatsCluster) -> PathBuf {
     let moto = moto::server();
     let bucket = moto.create_bucket();
-    let servers = nats
-        .urls()
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let servers = nats.toml_servers();
     let path = dir.join("cairn.toml");
     std::fs::write(
         &path,

@@ -186,12 +186,7 @@ async fn with_the_log_in_nats_losing_a_nats_server_loses_no_acknowledged_write()
     let mut nats = cairn_metadata::test_util::NatsCluster::start(nats_dir.path());
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cairn.toml");
-    let servers = nats
-        .urls()
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let servers = nats.toml_servers();
     std::fs::write(
         &config,
         format!(

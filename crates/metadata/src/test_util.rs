@@ -119,6 +119,16 @@ impl NatsCluster {
     pub fn urls(&self) -> Vec<String> {
         self.servers.iter().map(NatsServer::url).collect()
     }
+
+    /// Every server's client URL as the items of a TOML array (`"nats://…", "nats://…"`), for a
+    /// node's `[nats] servers`.
+    pub fn toml_servers(&self) -> String {
+        self.urls()
+            .iter()
+            .map(|url| format!("\"{url}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 impl Drop for NatsServer {

@@ -716,6 +716,22 @@ mod tests {
     }
 
     #[test]
+    fn nats_servers_come_from_the_environment_as_a_list() {
+        Jail::expect_with(|jail| {
+            jail.set_env(
+                "CAIRN_NATS__SERVERS",
+                "[\"nats://10.0.0.1:4222\", \"nats://10.0.0.2:4222\"]",
+            );
+            let config = load(None).expect("a list of servers");
+            assert_eq!(
+                config.nats.servers,
+                vec!["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
     fn mistakes_name_the_key() {
         Jail::expect_with(|jail| {
             jail.create_file("typo.toml", "[log]\nsegment-byte = 1\n")?;
