@@ -711,7 +711,13 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
         };
         let next = tokio::select! {
             version = current.next() => match version {
-                Some(version) => Some(version),
+                Some(mut latest) => {
+                    // Only the newest version matters: skip those already superseded.
+                    while let Some(Some(newer)) = futures::FutureExt::now_or_never(current.next()) {
+                        latest = newer;
+                    }
+                    Some(latest)
+                }
                 None => {
                     watch = None;
                     continue;
@@ -722,12 +728,7 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
             () = tokio::time::sleep(RECONCILE_INTERVAL) => None,
             () = cancel.cancelled() => return,
         };
-        if let Some(mut latest) = next {
-            let watch = watch.as_mut().expect("a version came from it");
-            // Only the newest version matters: skip those already superseded.
-            while let Some(Some(newer)) = futures::FutureExt::now_or_never(watch.next()) {
-                latest = newer;
-            }
+        if let Some(latest) = next {
             match serde_json::from_value(latest.value) {
                 Ok(newest) => table = newest,
                 Err(err) => {

@@ -157,6 +157,24 @@ pub(crate) struct KeyValueService {
     state: Arc<NodeState>,
 }
 
+/// What a read answers.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// The values, refused once they add up to more than this many bytes.
+    Values(usize),
+    /// Only whether each key exists: no bound, and no value crosses between nodes.
+    Presence,
+}
+
+impl Answer {
+    fn bytes_max(self) -> usize {
+        match self {
+            Answer::Values(bytes_max) => bytes_max,
+            Answer::Presence => usize::MAX,
+        }
+    }
+}
+
 /// Who serves one partition's share of a request.
 enum Target {
     Local(Arc<Partition>),
@@ -214,14 +232,15 @@ impl KeyValueService {
     /// a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an answer that
     /// no gRPC message can hold. Keys are read a few at a time, so no more than one chunk's values
     /// past the bound are ever held; all local partitions' keys in one blocking task, the others'
-    /// from their leaders. With no bound (`usize::MAX`) only presence counts: the others'
-    /// leaders say whether each key exists, and their values stand in as empty.
+    /// from their leaders. For [`Answer::Presence`] the others' leaders say only whether each
+    /// key exists, and their values stand in as empty.
     async fn read_within(
         &self,
         keys: &[Bytes],
-        bytes_max: usize,
+        answer: Answer,
         forwarded: bool,
     ) -> Result<Vec<Option<Bytes>>, Status> {
+        let bytes_max = answer.bytes_max();
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
@@ -239,8 +258,7 @@ impl KeyValueService {
             }
         }
         let routes = &self.state.routes;
-        // Presence only (`exists`, unbounded): leaders answer it without sending the values.
-        let presence = bytes_max == usize::MAX;
+        let presence = matches!(answer, Answer::Presence);
         let remote = futures::future::join_all(remote.into_iter().map(
             |(address, share, mine)| async move {
                 let values = if presence {
@@ -363,7 +381,9 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         let forwarded = crate::forward::forwarded(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
-        let values = self.read_within(&keys, BATCH_BYTES_MAX, forwarded).await?;
+        let values = self
+            .read_within(&keys, Answer::Values(BATCH_BYTES_MAX), forwarded)
+            .await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -402,7 +422,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::keys(&keys)?;
         // Only presence is answered, so no bound on the values read.
         let exists = self
-            .read_within(&keys, usize::MAX, forwarded)
+            .read_within(&keys, Answer::Presence, forwarded)
             .await?
             .into_iter()
             .map(|value| value.is_some())

@@ -202,8 +202,7 @@ impl Append {
                 error.kind(),
                 PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
             );
-            let silent = unanswered;
-            if !silent && !wrong_last_sequence(&error) {
+            if !unanswered && !wrong_last_sequence(&error) {
                 // JetStream refused it for another reason: nothing was written.
                 return Err(self.shared.nats_error("append")(error.into()));
             }
@@ -222,7 +221,7 @@ impl Append {
                             expected: Lsn(self.expected),
                         });
                     }
-                    Ok(Found::Nothing) if !silent => {
+                    Ok(Found::Nothing) if !unanswered => {
                         return Err(Error::TailMoved {
                             log_id,
                             expected: Lsn(self.expected),
