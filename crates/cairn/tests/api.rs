@@ -330,3 +330,127 @@ async fn requests_at_the_byte_bound_are_served_and_read_back() {
     many.extend(put_keys);
     assert!(client.exists(many).await.unwrap().iter().all(|&e| e));
 }
+
+fn write_op(
+    key: &str,
+    action: cairn_client::v1::write_op::Action,
+    condition: cairn_client::v1::WriteCondition,
+    return_old: bool,
+) -> cairn_client::v1::WriteOp {
+    cairn_client::v1::WriteOp {
+        key: b(key),
+        action: Some(action),
+        condition: condition as i32,
+        return_old,
+    }
+}
+
+/// The conditional writes through gRPC: decided by the partitions, answered per operation in
+/// request order across partitions; an all-or-nothing write over several partitions is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn conditional_writes_answer_per_operation() {
+    use cairn_client::v1::{self, WriteCondition, write_op::Action};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = Client::connect(&server.address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let set = |value: &str, after_ms: Option<u64>| {
+        Action::Set(v1::SetAction {
+            value: b(value),
+            expiry: after_ms.map(|ms| v1::ExpirySpec {
+                when: Some(v1::expiry_spec::When::AfterMs(ms)),
+            }),
+        })
+    };
+    // 100 keys over every partition: set if present does nothing, then set returns no old value,
+    // then set if present returns the first value.
+    let keys: Vec<String> = (0..100).map(|i| format!("cw-{i}")).collect();
+    let round = |value: &'static str, condition| {
+        keys.iter()
+            .map(|k| write_op(k, set(value, Some(60_000)), condition, true))
+            .collect::<Vec<_>>()
+    };
+    let results = client
+        .write(round("x", WriteCondition::IfPresent), false)
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| !r.applied && !r.existed));
+    client
+        .write(round("first", WriteCondition::Always), false)
+        .await
+        .unwrap();
+    let results = client
+        .write(round("second", WriteCondition::IfPresent), false)
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 100);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.applied && r.old_value.as_deref() == Some(&b"first"[..]))
+    );
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let read = client
+        .get_with_expiry(keys.iter().map(|k| b(k)).collect())
+        .await
+        .unwrap();
+    for value in read {
+        let (value, expires) = value.unwrap();
+        assert_eq!(value, b("second"));
+        let expires = expires.unwrap();
+        assert!(
+            expires > before && expires <= before + 60_000,
+            "{expires} vs {before}"
+        );
+    }
+    // Delete says which keys existed.
+    let results = client
+        .write(
+            vec![
+                write_op(
+                    "cw-1",
+                    Action::Delete(v1::DeleteAction {}),
+                    WriteCondition::Always,
+                    false,
+                ),
+                write_op(
+                    "cw-1",
+                    Action::Delete(v1::DeleteAction {}),
+                    WriteCondition::Always,
+                    false,
+                ),
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results.iter().map(|r| r.existed).collect::<Vec<_>>(),
+        vec![true, false]
+    );
+    refused(
+        client
+            .write(round("y", WriteCondition::IfAbsent), true)
+            .await,
+        "must keep its keys in one partition",
+    );
+    refused(
+        client
+            .write(
+                vec![write_op(
+                    "k",
+                    set("v", Some(0)),
+                    WriteCondition::Always,
+                    false,
+                )],
+                false,
+            )
+            .await,
+        "expires after 0 ms",
+    );
+    server.stop();
+}

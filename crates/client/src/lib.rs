@@ -164,7 +164,10 @@ impl Client {
         let response = self
             .kv
             .clone()
-            .get(v1::GetRequest { keys })
+            .get(v1::GetRequest {
+                keys,
+                with_expiry: false,
+            })
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response
@@ -173,6 +176,47 @@ impl Client {
             .into_iter()
             .map(|v| v.value)
             .collect())
+    }
+
+    /// Values and when they expire (ms since the Unix epoch, `None`: never), in the order of
+    /// `keys`; `None` for absent or expired keys.
+    pub async fn get_with_expiry(
+        &self,
+        keys: Vec<Bytes>,
+    ) -> Result<Vec<Option<(Bytes, Option<u64>)>>> {
+        let response = self
+            .kv
+            .clone()
+            .get(v1::GetRequest {
+                keys,
+                with_expiry: true,
+            })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response
+            .into_inner()
+            .values
+            .into_iter()
+            .map(|v| v.value.map(|value| (value, v.expires_at_ms)))
+            .collect())
+    }
+
+    /// Per operation, in order: what it did (see the `Write` call of the key-value service).
+    pub async fn write(
+        &self,
+        ops: Vec<v1::WriteOp>,
+        all_or_nothing: bool,
+    ) -> Result<Vec<v1::WriteResult>> {
+        let response = self
+            .kv
+            .clone()
+            .write(v1::WriteRequest {
+                ops,
+                all_or_nothing,
+            })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response.into_inner().results)
     }
 
     pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {

@@ -10,6 +10,7 @@ use cairn_api::v1;
 use cairn_api::v1::admin_client::AdminClient;
 use cairn_api::v1::key_value_client::KeyValueClient;
 use cairn_metadata::{MetadataStore, PartitionTable};
+use cairn_partition_store::StoredValue;
 use cairn_types::{NodeId, PartitionId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -115,18 +116,42 @@ impl Routes {
         Ok(())
     }
 
-    pub async fn get(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>, Status> {
+    /// The values of `keys`, with their expiries if `with_expiry`.
+    pub async fn get(
+        &self,
+        address: &str,
+        keys: Vec<Bytes>,
+        with_expiry: bool,
+    ) -> Result<Vec<Option<StoredValue>>, Status> {
         let mut kv = self.peer(address)?.kv;
         let answer = kv
-            .get(mark(v1::GetRequest { keys }))
+            .get(mark(v1::GetRequest { keys, with_expiry }))
             .await
             .map_err(|s| from(address, s))?;
         Ok(answer
             .into_inner()
             .values
             .into_iter()
-            .map(|v| v.value)
+            .map(|v| {
+                v.value.map(|value| StoredValue {
+                    value,
+                    expires_at_ms: v.expires_at_ms,
+                })
+            })
             .collect())
+    }
+
+    pub async fn write(
+        &self,
+        address: &str,
+        request: v1::WriteRequest,
+    ) -> Result<Vec<v1::WriteResult>, Status> {
+        let mut kv = self.peer(address)?.kv;
+        let answer = kv
+            .write(mark(request))
+            .await
+            .map_err(|s| from(address, s))?;
+        Ok(answer.into_inner().results)
     }
 
     pub async fn exists(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<bool>, Status> {

@@ -9,6 +9,7 @@ use crate::partitions::Slot;
 use crate::validate;
 use bytes::Bytes;
 use cairn_api::v1;
+use cairn_partition_store::StoredValue;
 use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
 use cairn_types::limits::{BATCH_BYTES_MAX, VALUE_BYTES_MAX};
@@ -160,8 +161,9 @@ pub(crate) struct KeyValueService {
 /// What a read answers.
 #[derive(Clone, Copy)]
 enum Answer {
-    /// The values, refused once they add up to more than this many bytes.
-    Values(usize),
+    /// The values (and their expiries, if asked), refused once they add up to more than
+    /// `bytes_max` bytes.
+    Values { bytes_max: usize, with_expiry: bool },
     /// Only whether each key exists: no bound, and no value crosses between nodes.
     Presence,
 }
@@ -169,7 +171,7 @@ enum Answer {
 impl Answer {
     fn bytes_max(self) -> usize {
         match self {
-            Answer::Values(bytes_max) => bytes_max,
+            Answer::Values { bytes_max, .. } => bytes_max,
             Answer::Presence => usize::MAX,
         }
     }
@@ -239,7 +241,7 @@ impl KeyValueService {
         keys: &[Bytes],
         answer: Answer,
         forwarded: bool,
-    ) -> Result<Vec<Option<Bytes>>, Status> {
+    ) -> Result<Vec<Option<StoredValue>>, Status> {
         let bytes_max = answer.bytes_max();
         /// Keys read between two checks of the total: at most 16 MiB of values.
         const CHUNK: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
@@ -258,18 +260,23 @@ impl KeyValueService {
             }
         }
         let routes = &self.state.routes;
-        let presence = matches!(answer, Answer::Presence);
         let remote = futures::future::join_all(remote.into_iter().map(
             |(address, share, mine)| async move {
-                let values = if presence {
-                    routes.exists(&address, share).await.map(|found| {
+                let values = match answer {
+                    Answer::Presence => routes.exists(&address, share).await.map(|found| {
                         found
                             .into_iter()
-                            .map(|there| there.then(Bytes::new))
+                            .map(|there| {
+                                there.then(|| StoredValue {
+                                    value: Bytes::new(),
+                                    expires_at_ms: None,
+                                })
+                            })
                             .collect()
-                    })
-                } else {
-                    routes.get(&address, share).await
+                    }),
+                    Answer::Values { with_expiry, .. } => {
+                        routes.get(&address, share, with_expiry).await
+                    }
                 };
                 (values, mine)
             },
@@ -290,7 +297,9 @@ impl KeyValueService {
             }
         }
         // Each node bounded its own share; together they may still be too much.
-        if forwarded_shares && out.iter().flatten().map(Bytes::len).sum::<usize>() > bytes_max {
+        if forwarded_shares
+            && out.iter().flatten().map(|v| v.value.len()).sum::<usize>() > bytes_max
+        {
             return Err(status_of(cairn_worker::Error::AnswerTooLarge {
                 keys: keys.len(),
                 bytes_max,
@@ -379,15 +388,23 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::GetResponse>, Status> {
         let forwarded = crate::forward::forwarded(&request);
-        let keys = request.into_inner().keys;
+        let v1::GetRequest { keys, with_expiry } = request.into_inner();
         validate::keys(&keys)?;
-        let values = self
-            .read_within(&keys, Answer::Values(BATCH_BYTES_MAX), forwarded)
-            .await?;
+        let answer = Answer::Values {
+            bytes_max: BATCH_BYTES_MAX,
+            with_expiry,
+        };
+        let values = self.read_within(&keys, answer, forwarded).await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
-                .map(|value| v1::MaybeValue { value })
+                .map(|value| match value {
+                    Some(v) => v1::MaybeValue {
+                        value: Some(v.value),
+                        expires_at_ms: if with_expiry { v.expires_at_ms } else { None },
+                    },
+                    None => v1::MaybeValue::default(),
+                })
                 .collect(),
         }))
     }
@@ -466,6 +483,59 @@ impl v1::key_value_server::KeyValue for KeyValueService {
             })
             .await?;
         Ok(Response::new(v1::InsertIfAbsentResponse { inserted }))
+    }
+
+    async fn write(
+        &self,
+        request: Request<v1::WriteRequest>,
+    ) -> Result<Response<v1::WriteResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
+        let request = request.into_inner();
+        let ops = validate::write_ops(&request.ops)?;
+        let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
+        if request.all_or_nothing {
+            let groups =
+                group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+            if groups.len() > 1 {
+                return Err(Status::invalid_argument(format!(
+                    "an all-or-nothing write must keep its keys in one partition; these {} keys \
+                     are in {} partitions, so it cannot be made atomic: send the keys one by one",
+                    keys.len(),
+                    groups.len()
+                )));
+            }
+        }
+        let (ops, wire, all_or_nothing) = (&ops, &request.ops, request.all_or_nothing);
+        let routes = &self.state.routes;
+        let results = self
+            .scatter(&keys, forwarded, |target, indices| async move {
+                match target {
+                    Target::Local(partition) => {
+                        let mine = indices.iter().map(|&i| ops[i].clone()).collect();
+                        let results = partition
+                            .write(mine, all_or_nothing)
+                            .await
+                            .map_err(status_of)?;
+                        Ok(results
+                            .into_iter()
+                            .map(|r| v1::WriteResult {
+                                applied: r.applied,
+                                existed: r.existed,
+                                old_value: r.old,
+                            })
+                            .collect())
+                    }
+                    Target::Remote(address) => {
+                        let request = v1::WriteRequest {
+                            ops: indices.iter().map(|&i| wire[i].clone()).collect(),
+                            all_or_nothing,
+                        };
+                        routes.write(&address, request).await
+                    }
+                }
+            })
+            .await?;
+        Ok(Response::new(v1::WriteResponse { results }))
     }
 }
 

@@ -2,9 +2,11 @@
 //! Every refusal is INVALID_ARGUMENT with the bound in the message.
 
 use bytes::Bytes;
+use cairn_api::v1;
 use cairn_types::limits::{
     BATCH_BYTES_MAX, BATCH_KEYS_MAX, KEY_BYTES_MAX, TTL_MS_MAX, VALUE_BYTES_MAX,
 };
+use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use tonic::Status;
 
 pub fn keys(keys: &[Bytes]) -> Result<(), Status> {
@@ -90,4 +92,77 @@ pub fn ttl_ok(ttl_ms: Option<u64>) -> Result<(), Status> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// The operations of a conditional write, checked and in the form the log records them.
+pub fn write_ops(ops: &[v1::WriteOp]) -> Result<Vec<WriteOp>, Status> {
+    batch_len(ops.len())?;
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        key_ok(i, &op.key)?;
+        total += op.key.len();
+        let expiry = |spec: &Option<v1::ExpirySpec>, set: bool| -> Result<Expiry, Status> {
+            use v1::expiry_spec::When;
+            match spec.as_ref().and_then(|s| s.when.as_ref()) {
+                None | Some(When::Never(_)) => Ok(Expiry::Never),
+                Some(When::Keep(_)) => Ok(Expiry::Keep),
+                Some(When::AtMs(at)) => Ok(Expiry::At(*at)),
+                // A set whose value expires as it is written is almost certainly a mistake; an
+                // expire of 0 ms is how a key is made to expire now.
+                Some(When::AfterMs(0)) if set => Err(Status::invalid_argument(format!(
+                    "operation #{i} sets a value that expires after 0 ms; give a positive \
+                     after_ms, or none for no expiry"
+                ))),
+                Some(When::AfterMs(ms)) if *ms > TTL_MS_MAX => {
+                    Err(Status::invalid_argument(format!(
+                        "operation #{i} expires after {ms} ms; the limit is {TTL_MS_MAX} ms (10 years)"
+                    )))
+                }
+                Some(When::AfterMs(ms)) => Ok(Expiry::After(*ms)),
+            }
+        };
+        let action = match &op.action {
+            Some(v1::write_op::Action::Set(set)) => {
+                value_ok(i, &set.value)?;
+                total += set.value.len();
+                Action::Set {
+                    value: set.value.clone(),
+                    expiry: expiry(&set.expiry, true)?,
+                }
+            }
+            Some(v1::write_op::Action::Expire(expire)) => Action::Expire {
+                expiry: expiry(&expire.expiry, false)?,
+            },
+            Some(v1::write_op::Action::Delete(_)) => Action::Delete,
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "operation #{i} has no action; give set, expire or delete"
+                )));
+            }
+        };
+        let condition = match v1::WriteCondition::try_from(op.condition) {
+            Ok(v1::WriteCondition::Always) => Condition::Always,
+            Ok(v1::WriteCondition::IfAbsent) => Condition::IfAbsent,
+            Ok(v1::WriteCondition::IfPresent) => Condition::IfPresent,
+            Ok(v1::WriteCondition::IfNoExpiry) => Condition::IfNoExpiry,
+            Ok(v1::WriteCondition::IfHasExpiry) => Condition::IfHasExpiry,
+            Ok(v1::WriteCondition::IfLater) => Condition::IfLater,
+            Ok(v1::WriteCondition::IfEarlier) => Condition::IfEarlier,
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "operation #{i} has condition {}, which this server does not know; upgrade it",
+                    op.condition
+                )));
+            }
+        };
+        out.push(WriteOp {
+            key: op.key.clone(),
+            action,
+            condition,
+            return_old: op.return_old,
+        });
+    }
+    batch_bytes(total)?;
+    Ok(out)
 }

@@ -62,6 +62,78 @@ pub enum Command {
         value: Bytes,
         ttl_ms: Option<u64>,
     },
+    /// Per key, an operation decided against the key's state when the record is applied: the
+    /// writes that must read first (set only if present, set and return the old value, keep the
+    /// expiry, change or drop an expiry, delete and say whether it existed). The operations apply
+    /// in order, each seeing the ones before it. With `all_or_nothing`, every condition is
+    /// checked against the state before the record, and either all operations apply or none.
+    Write {
+        ops: Vec<WriteOp>,
+        all_or_nothing: bool,
+    },
+}
+
+/// One key's operation in a [`Command::Write`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteOp {
+    pub key: Bytes,
+    pub action: Action,
+    pub condition: Condition,
+    /// Whether the result carries the value the key held before the operation.
+    pub return_old: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    Set {
+        value: Bytes,
+        expiry: Expiry,
+    },
+    /// Changes the expiry of a key that exists; an expiry at or before the record's time deletes
+    /// the key.
+    Expire {
+        expiry: Expiry,
+    },
+    Delete,
+}
+
+/// When a written value expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expiry {
+    Never,
+    /// This many milliseconds after the record's timestamp.
+    After(u64),
+    /// At this time, in milliseconds since the Unix epoch.
+    At(u64),
+    /// As the key's current value expires (never, if the key is absent).
+    Keep,
+}
+
+/// What must hold of the key (live at the record's time) for its operation to apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Condition {
+    Always,
+    IfAbsent,
+    IfPresent,
+    /// Present, without an expiry.
+    IfNoExpiry,
+    /// Present, with an expiry.
+    IfHasExpiry,
+    /// Present, and the new expiry is later than the current one (none counts as infinite).
+    IfLater,
+    /// Present, and the new expiry is earlier than the current one (none counts as infinite).
+    IfEarlier,
+}
+
+/// What one [`WriteOp`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteResult {
+    /// Whether its condition held and it took effect.
+    pub applied: bool,
+    /// Whether the key held a live value before it.
+    pub existed: bool,
+    /// That value, if the operation asked for it.
+    pub old: Option<Bytes>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +205,35 @@ mod tests {
                     keys,
                     value,
                     ttl_ms
+                }),
+            (
+                proptest::collection::vec((bytes(), bytes(), any::<u64>(), any::<bool>()), 0..8),
+                any::<bool>()
+            )
+                .prop_map(|(ops, all_or_nothing)| Command::Write {
+                    ops: ops
+                        .into_iter()
+                        .map(|(key, value, at, flag)| WriteOp {
+                            key,
+                            action: if flag {
+                                Action::Set {
+                                    value,
+                                    expiry: Expiry::At(at),
+                                }
+                            } else {
+                                Action::Expire {
+                                    expiry: Expiry::After(at),
+                                }
+                            },
+                            condition: if flag {
+                                Condition::IfPresent
+                            } else {
+                                Condition::IfLater
+                            },
+                            return_old: flag,
+                        })
+                        .collect(),
+                    all_or_nothing
                 }),
         ]
     }

@@ -5,7 +5,7 @@ use crate::{Clock, Error, Result};
 use bytes::Bytes;
 use cairn_log::{LogState, Loglet};
 use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, StoredValue};
-use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry};
+use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry, WriteOp, WriteResult};
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -319,12 +319,32 @@ impl Partition {
         }
     }
 
+    /// Applies `ops` as one record (see [`Command::Write`]); per operation, what it did.
+    pub async fn write(&self, ops: Vec<WriteOp>, all_or_nothing: bool) -> Result<Vec<WriteResult>> {
+        let n = ops.len();
+        match self
+            .propose(Command::Write {
+                ops,
+                all_or_nothing,
+            })
+            .await?
+        {
+            Outcome::Written(results) if results.len() == n => Ok(results),
+            other => unreachable!("a write of {n} operations produced {other:?}"),
+        }
+    }
+
     /// Current values of `keys` (`None` for absent or expired), read from the leader's store as
     /// [`read_shares`] reads: from memory on this task when it can, else on a blocking thread.
     pub async fn get(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>> {
         let share = self.read_share(keys.to_vec())?;
         let mut values = read_shares(vec![share], keys.len(), usize::MAX).await?;
-        Ok(values.pop().unwrap_or_default())
+        Ok(values
+            .pop()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.map(|v| v.value))
+            .collect())
     }
 
     /// This partition's share of a read of `keys`: checked to be served here now, with the
@@ -578,7 +598,7 @@ fn read_with(
         &PartitionStore,
         &[Bytes],
     ) -> cairn_partition_store::Result<Option<Vec<Option<StoredValue>>>>,
-) -> Result<Option<Vec<Vec<Option<Bytes>>>>> {
+) -> Result<Option<Vec<Vec<Option<StoredValue>>>>> {
     let mut total = 0usize;
     let mut all = Vec::with_capacity(shares.len());
     for share in shares {
@@ -590,10 +610,8 @@ fn read_with(
                 return Ok(None);
             };
             for value in read {
-                let value = value
-                    .filter(|v| v.is_live_at(share.now_ms))
-                    .map(|v| v.value);
-                total = total.saturating_add(value.as_ref().map_or(0, Bytes::len));
+                let value = value.filter(|v| v.is_live_at(share.now_ms));
+                total = total.saturating_add(value.as_ref().map_or(0, |v| v.value.len()));
                 values.push(value);
             }
             if total > bytes_max {
@@ -608,7 +626,8 @@ fn read_with(
     Ok(Some(all))
 }
 
-/// Each share's values (`None` for absent or expired), in the order of its keys. Reads them all
+/// Each share's values with their expiries (`None` for absent or expired), in the order of its
+/// keys. Reads them all
 /// in one trip to a blocking thread (a request's keys span many partitions; a trip per partition
 /// costs more than the lookups), `chunk` keys per lookup, and refuses the read with
 /// [`Error::AnswerTooLarge`] once the values add up to more than `bytes_max`: at most one chunk's
@@ -617,7 +636,7 @@ pub async fn read_shares(
     shares: Vec<ReadShare>,
     chunk: usize,
     bytes_max: usize,
-) -> Result<Vec<Vec<Option<Bytes>>>> {
+) -> Result<Vec<Vec<Option<StoredValue>>>> {
     let Some(first) = shares.first().map(|share| share.partition) else {
         return Ok(Vec::new());
     };

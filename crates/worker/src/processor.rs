@@ -38,9 +38,13 @@ use crate::partition::Shared;
 use crate::{Error, Result};
 use bytes::Bytes;
 use cairn_log::{Entry, Loglet};
-use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, PartitionWriteBatch};
+use cairn_partition_store::{
+    ColumnFamilyExport, LeaderState, PartitionStore, PartitionWriteBatch, StoredValue,
+};
 use cairn_types::Lsn;
-use cairn_types::record::{Command, DecodeError, Envelope, Origin};
+use cairn_types::record::{
+    Action, Command, Condition, DecodeError, Envelope, Expiry, Origin, WriteOp, WriteResult,
+};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,6 +58,8 @@ pub enum Outcome {
     Done,
     /// Per key of an insert-if-absent: whether this record inserted it.
     Inserted(Vec<bool>),
+    /// Per operation of a conditional write: what it did.
+    Written(Vec<WriteResult>),
     Announced,
 }
 
@@ -300,15 +306,95 @@ struct Run {
     time: u64,
 }
 
-/// Whether a key holds a value, and if so its expiry (`Some(None)`: never expires).
-type Presence = Option<Option<u64>>;
+/// Writes of the run so far, by key (`None`: deleted): what a later record of the same run that
+/// reads a key must see, since the store itself only sees them once the whole batch commits.
+type Overlay = HashMap<Bytes, Option<StoredValue>>;
 
-/// Writes of the run so far, by key: what a later insert-if-absent of the same run must see,
-/// since the store itself only sees them once the whole batch commits.
-type Overlay = HashMap<Bytes, Presence>;
+/// The value `key` holds at `now_ms` as the run has left it so far: the run's own writes first,
+/// then what the store held before the run.
+fn live_value(
+    key: &Bytes,
+    overlay: &Overlay,
+    stored: &HashMap<Bytes, Option<StoredValue>>,
+    now_ms: u64,
+) -> Option<StoredValue> {
+    overlay
+        .get(key)
+        .or_else(|| stored.get(key))
+        .cloned()
+        .flatten()
+        .filter(|v| v.is_live_at(now_ms))
+}
 
-fn is_live(present: Presence, now_ms: u64) -> bool {
-    present.is_some_and(|expiry| expiry.is_none_or(|at| now_ms < at))
+/// The expiry `expiry` asks for, for a record applied at `now` over `current`.
+fn expiry_at(expiry: Expiry, now: u64, current: Option<&StoredValue>) -> Option<u64> {
+    match expiry {
+        Expiry::Never => None,
+        Expiry::After(ms) => Some(now.saturating_add(ms)),
+        Expiry::At(at) => Some(at),
+        Expiry::Keep => current.and_then(|v| v.expires_at_ms),
+    }
+}
+
+/// Whether `op`'s condition holds over `current` (the key's live value, if any).
+fn condition_holds(op: &WriteOp, current: Option<&StoredValue>, now: u64) -> bool {
+    let new_expiry = || match &op.action {
+        Action::Set { expiry, .. } | Action::Expire { expiry } => expiry_at(*expiry, now, current),
+        Action::Delete => None,
+    };
+    // No expiry is later than any expiry.
+    let later = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (None, None) => false,
+        (None, Some(_)) => true,
+        (Some(_), None) => false,
+        (Some(a), Some(b)) => a > b,
+    };
+    match (op.condition, current) {
+        (Condition::Always, _) => true,
+        (Condition::IfAbsent, current) => current.is_none(),
+        (_, None) => false,
+        (Condition::IfPresent, Some(_)) => true,
+        (Condition::IfNoExpiry, Some(v)) => v.expires_at_ms.is_none(),
+        (Condition::IfHasExpiry, Some(v)) => v.expires_at_ms.is_some(),
+        (Condition::IfLater, Some(v)) => later(new_expiry(), v.expires_at_ms),
+        (Condition::IfEarlier, Some(v)) => later(v.expires_at_ms, new_expiry()),
+    }
+}
+
+/// Adds `op`'s effect on `current` to `batch` and `overlay`. An expiry at or before `now` deletes
+/// the key; changing the expiry of an absent key does nothing.
+fn apply_write_op(
+    op: &WriteOp,
+    current: Option<&StoredValue>,
+    now: u64,
+    batch: &mut PartitionWriteBatch,
+    overlay: &mut Overlay,
+) -> bool {
+    let value = match &op.action {
+        Action::Set { value, expiry } => Some(StoredValue {
+            value: value.clone(),
+            expires_at_ms: expiry_at(*expiry, now, current),
+        }),
+        Action::Expire { expiry } => match current {
+            Some(current) => Some(StoredValue {
+                value: current.value.clone(),
+                expires_at_ms: expiry_at(*expiry, now, Some(current)),
+            }),
+            None => return false,
+        },
+        Action::Delete => None,
+    };
+    match value.filter(|v| v.is_live_at(now)) {
+        Some(value) => {
+            batch.put(&op.key, &value.value, value.expires_at_ms);
+            overlay.insert(op.key.clone(), Some(value));
+        }
+        None => {
+            batch.delete(&op.key);
+            overlay.insert(op.key.clone(), None);
+        }
+    }
+    true
 }
 
 impl Run {
@@ -326,7 +412,7 @@ impl Run {
             .iter()
             .map(|entry| Envelope::decode(&entry.payload))
             .collect();
-        let stored = self.read_insert_if_absent_keys(&decoded)?;
+        let stored = self.read_keys_to_decide(&decoded)?;
         let mut answers = Vec::with_capacity(entries.len());
         let mut announced = false;
         let mut stopped = None;
@@ -380,30 +466,32 @@ impl Run {
         })
     }
 
-    /// Whether and until when the store holds a value for every key that an insert-if-absent of
-    /// the run asks about, in one batched lookup before anything is applied.
-    fn read_insert_if_absent_keys(
+    /// What the store holds for every key whose outcome a record of the run decides by its
+    /// current value (insert-if-absent, conditional writes), in one batched lookup before
+    /// anything is applied.
+    fn read_keys_to_decide(
         &self,
         envelopes: &[Result<Envelope, DecodeError>],
-    ) -> Result<HashMap<Bytes, Presence>> {
+    ) -> Result<HashMap<Bytes, Option<StoredValue>>> {
         let mut keys: Vec<Bytes> = Vec::new();
         let mut asked = HashSet::new();
+        let mut ask = |key: &Bytes| {
+            if asked.insert(key.clone()) {
+                keys.push(key.clone());
+            }
+        };
         for envelope in envelopes {
             // A record that does not decode is reported where the run reaches it.
-            if let Ok(Envelope {
-                command:
-                    Command::InsertIfAbsent {
-                        keys: of_record, ..
-                    },
-                ..
-            }) = envelope
-            {
-                keys.extend(
-                    of_record
-                        .iter()
-                        .filter(|k| asked.insert((*k).clone()))
-                        .cloned(),
-                );
+            match envelope {
+                Ok(Envelope {
+                    command: Command::InsertIfAbsent { keys, .. },
+                    ..
+                }) => keys.iter().for_each(&mut ask),
+                Ok(Envelope {
+                    command: Command::Write { ops, .. },
+                    ..
+                }) => ops.iter().for_each(|op| ask(&op.key)),
+                _ => {}
             }
         }
         if keys.is_empty() {
@@ -413,11 +501,7 @@ impl Run {
             .store
             .multi_get(&keys)
             .map_err(|err| store_error(self.shared.id, "read keys", err))?;
-        Ok(keys
-            .into_iter()
-            .zip(values)
-            .map(|(key, value)| (key, value.map(|v| v.expires_at_ms)))
-            .collect())
+        Ok(keys.into_iter().zip(values).collect())
     }
 
     /// Adds one record's effects to `batch`. Returns who proposed it (if anyone) and what to
@@ -428,7 +512,7 @@ impl Run {
         envelope: Result<Envelope, DecodeError>,
         batch: &mut PartitionWriteBatch,
         overlay: &mut Overlay,
-        stored: &HashMap<Bytes, Presence>,
+        stored: &HashMap<Bytes, Option<StoredValue>>,
     ) -> Result<(Option<Origin>, Result<Outcome>)> {
         let partition = self.shared.id;
         if lsn != self.applied.next() {
@@ -483,7 +567,13 @@ impl Run {
                 for entry in entries {
                     let expiry = entry.ttl_ms.map(|t| now.saturating_add(t));
                     batch.put(&entry.key, &entry.value, expiry);
-                    overlay.insert(entry.key, Some(expiry));
+                    overlay.insert(
+                        entry.key,
+                        Some(StoredValue {
+                            value: entry.value,
+                            expires_at_ms: expiry,
+                        }),
+                    );
                 }
                 Ok(Outcome::Done)
             }
@@ -505,19 +595,50 @@ impl Run {
                 let mut seen = HashSet::with_capacity(keys.len());
                 let mut inserted = Vec::with_capacity(keys.len());
                 for key in keys {
-                    let present = overlay
-                        .get(&key)
-                        .or_else(|| stored.get(&key))
-                        .copied()
-                        .flatten();
-                    let absent = seen.insert(key.clone()) && !is_live(present, now);
+                    let absent = seen.insert(key.clone())
+                        && live_value(&key, overlay, stored, now).is_none();
                     if absent {
                         batch.put(&key, &value, expiry);
-                        overlay.insert(key, Some(expiry));
+                        overlay.insert(
+                            key,
+                            Some(StoredValue {
+                                value: value.clone(),
+                                expires_at_ms: expiry,
+                            }),
+                        );
                     }
                     inserted.push(absent);
                 }
                 Ok(Outcome::Inserted(inserted))
+            }
+            Command::Write {
+                ops,
+                all_or_nothing,
+            } => {
+                self.time = now;
+                let all_hold = !all_or_nothing
+                    || ops.iter().all(|op| {
+                        condition_holds(op, live_value(&op.key, overlay, stored, now).as_ref(), now)
+                    });
+                let results = ops
+                    .iter()
+                    .map(|op| {
+                        let current = live_value(&op.key, overlay, stored, now);
+                        let applied = all_hold
+                            && (all_or_nothing || condition_holds(op, current.as_ref(), now))
+                            && apply_write_op(op, current.as_ref(), now, batch, overlay);
+                        WriteResult {
+                            applied,
+                            existed: current.is_some(),
+                            old: if op.return_old {
+                                current.map(|v| v.value)
+                            } else {
+                                None
+                            },
+                        }
+                    })
+                    .collect();
+                Ok(Outcome::Written(results))
             }
         };
         Ok((header.origin, outcome))

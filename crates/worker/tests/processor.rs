@@ -5,7 +5,9 @@ use bytes::Bytes;
 use cairn_log::local::{LocalLogOptions, LocalLogProvider};
 use cairn_log::{LogProvider, Loglet};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions, StoredValue};
-use cairn_types::record::{Command, Envelope, Header, PutEntry};
+use cairn_types::record::{
+    Action, Command, Condition, Envelope, Expiry, Header, PutEntry, WriteOp, WriteResult,
+};
 use cairn_types::{Epoch, KeyRange, LogId, NodeId, PartitionId};
 use cairn_worker::{Clock, Error, ManualClock, Partition};
 use std::path::Path;
@@ -324,6 +326,176 @@ async fn records_applied_together_see_each_others_writes() {
         n1.get(&[key("a"), key("b"), key("c")]).await.unwrap(),
         vec![Some(key("put")), Some(key("first")), Some(key("second"))]
     );
+    f.stop().await;
+}
+
+fn op(k: &str, action: Action, condition: Condition, return_old: bool) -> WriteOp {
+    WriteOp {
+        key: key(k),
+        action,
+        condition,
+        return_old,
+    }
+}
+
+fn set(value: &str, expiry: Expiry) -> Action {
+    Action::Set {
+        value: key(value),
+        expiry,
+    }
+}
+
+fn result(applied: bool, existed: bool, old: Option<&str>) -> WriteResult {
+    WriteResult {
+        applied,
+        existed,
+        old: old.map(key),
+    }
+}
+
+/// The writes that read first (set if present, return the old value, keep or change an expiry,
+/// delete and count) are decided by the processor from the record, and a replica that replays
+/// the log with another clock reaches the same state.
+#[tokio::test]
+async fn conditional_writes_are_decided_from_the_record() {
+    let f = Fixture::new().await;
+    let stores = f.stores("n1");
+    let clock = Arc::new(ManualClock::new(1_000));
+    let n1 = f.start(&stores, "n1", clock.clone());
+    n1.become_leader(Epoch(1)).await.unwrap();
+
+    // Set if present: not on an absent key; then a plain set that returns the old value (none).
+    let results = n1
+        .write(
+            vec![
+                op("k", set("x", Expiry::Never), Condition::IfPresent, true),
+                op("k", set("v1", Expiry::After(500)), Condition::Always, true),
+                op("k", set("v2", Expiry::Keep), Condition::IfPresent, true),
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            result(false, false, None),
+            result(true, false, None),
+            result(true, true, Some("v1")),
+        ]
+    );
+    // KEEPTTL kept the expiry of v1: 1_000 + 500.
+    assert_eq!(stored(&stores, "k").unwrap().expires_at_ms, Some(1_500));
+
+    clock.set(1_100);
+    // GT only moves an expiry later; LT only earlier; NX only when there is none.
+    let expire = |expiry, condition| op("k", Action::Expire { expiry }, condition, false);
+    let results = n1
+        .write(
+            vec![
+                expire(Expiry::After(100), Condition::IfLater),
+                expire(Expiry::After(1_000), Condition::IfLater),
+                expire(Expiry::After(2_000), Condition::IfEarlier),
+                expire(Expiry::Never, Condition::IfNoExpiry),
+                expire(Expiry::After(10), Condition::Always),
+                op(
+                    "absent",
+                    Action::Expire {
+                        expiry: Expiry::After(10),
+                    },
+                    Condition::Always,
+                    false,
+                ),
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    let applied: Vec<bool> = results.iter().map(|r| r.applied).collect();
+    assert_eq!(applied, vec![false, true, false, false, true, false]);
+    assert_eq!(stored(&stores, "k").unwrap().expires_at_ms, Some(1_110));
+
+    // Persist (an expiry of never, only where there is one), then an expiry in the past deletes.
+    let results = n1
+        .write(
+            vec![
+                op(
+                    "k",
+                    Action::Expire {
+                        expiry: Expiry::Never,
+                    },
+                    Condition::IfHasExpiry,
+                    false,
+                ),
+                op(
+                    "k",
+                    Action::Expire {
+                        expiry: Expiry::Never,
+                    },
+                    Condition::IfHasExpiry,
+                    false,
+                ),
+                op(
+                    "k",
+                    Action::Expire {
+                        expiry: Expiry::At(5),
+                    },
+                    Condition::Always,
+                    false,
+                ),
+            ],
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results.iter().map(|r| r.applied).collect::<Vec<_>>(),
+        vec![true, false, true]
+    );
+    assert_eq!(stored(&stores, "k"), None);
+
+    // Delete says whether each key existed; an expired key does not count.
+    n1.put(put("a", "1", None)).await.unwrap();
+    n1.put(put("gone", "1", Some(10))).await.unwrap();
+    clock.set(1_200);
+    let results = n1
+        .write(
+            ["a", "gone", "a", "never"]
+                .iter()
+                .map(|k| op(k, Action::Delete, Condition::Always, false))
+                .collect(),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results.iter().map(|r| r.existed).collect::<Vec<_>>(),
+        vec![true, false, false, false]
+    );
+
+    // All or nothing: one key present, so none is set; then all absent, so all are.
+    n1.put(put("taken", "t", None)).await.unwrap();
+    let msetnx = |keys: &[&str]| {
+        keys.iter()
+            .map(|k| op(k, set("n", Expiry::Never), Condition::IfAbsent, false))
+            .collect::<Vec<_>>()
+    };
+    let results = n1
+        .write(msetnx(&["m1", "taken", "m2"]), true)
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| !r.applied), "{results:?}");
+    assert_eq!(
+        n1.get(&[key("m1"), key("m2")]).await.unwrap(),
+        vec![None, None]
+    );
+    let results = n1.write(msetnx(&["m1", "m2"]), true).await.unwrap();
+    assert!(results.iter().all(|r| r.applied), "{results:?}");
+
+    let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
+    for k in ["k", "a", "gone", "taken", "m1", "m2"] {
+        assert_eq!(stored(&replica_stores, k), stored(&stores, k), "key {k}");
+    }
     f.stop().await;
 }
 
