@@ -2,7 +2,8 @@
 # A three-node Cairn cluster on this machine, on loopback:
 #   - three nats-servers with JetStream, routed into one cluster (clients on 4222, 4223, 4224),
 #   - moto's S3 server as the shared snapshot repository (5000),
-#   - three cairn nodes n1, n2, n3 (gRPC on 5221, 5222, 5223; metrics on 5231, 5232, 5233).
+#   - three cairn nodes n1, n2, n3 (gRPC on 5221, 5222, 5223; Redis protocol on 6381, 6382,
+#     6383; metrics on 5231, 5232, 5233).
 # Everything lives under one folder (default ./cairn-cluster): each process's data and log, and
 # the pid files `stop` uses.
 #
@@ -22,6 +23,7 @@ nats_ports=(4222 4223 4224)
 route_ports=(6222 6223 6224)
 grpc_ports=(5221 5222 5223)
 metrics_ports=(5231 5232 5233)
+resp_ports=(6381 6382 6383)
 moto_port=5000
 
 running() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -43,7 +45,7 @@ start() {
   cargo build --release --bins
   mkdir -p "$dir"
   if ! status | grep -q running; then
-    for port in "${nats_ports[@]}" "${route_ports[@]}" "${grpc_ports[@]}" "${metrics_ports[@]}" $moto_port; do
+    for port in "${nats_ports[@]}" "${route_ports[@]}" "${grpc_ports[@]}" "${metrics_ports[@]}" "${resp_ports[@]}" $moto_port; do
       if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         echo "cluster.sh: 127.0.0.1:$port is in use by another program; stop it first" >&2
         exit 1
@@ -109,6 +111,7 @@ EOF
     local name="n$((i + 1))" pid="$dir/n$((i + 1)).pid"
     running "$pid" && continue
     CAIRN_METRICS__BIND_ADDRESS="127.0.0.1:${metrics_ports[$i]}" \
+    CAIRN_RESP__BIND_ADDRESS="127.0.0.1:${resp_ports[$i]}" \
       "$bin/cairn" --config "$dir/cairn.toml" --node-name "$name" --base-dir "$dir/$name" \
       --bind-address "127.0.0.1:${grpc_ports[$i]}" >"$dir/$name.log" 2>&1 &
     echo $! >"$pid"
@@ -128,12 +131,14 @@ EOF
 
 A three-node Cairn cluster runs, with its data under $dir:
   cairn nodes (gRPC):  127.0.0.1:${grpc_ports[0]}  127.0.0.1:${grpc_ports[1]}  127.0.0.1:${grpc_ports[2]}
+  Redis protocol:      127.0.0.1:${resp_ports[0]}  127.0.0.1:${resp_ports[1]}  127.0.0.1:${resp_ports[2]}
   metrics:             http://127.0.0.1:${metrics_ports[0]}/metrics (and ${metrics_ports[1]}, ${metrics_ports[2]})
   NATS (JetStream):    nats://127.0.0.1:${nats_ports[0]} ${nats_ports[1]} ${nats_ports[2]}
   snapshots (moto S3): s3://cairn-snapshots/cluster at http://127.0.0.1:$moto_port
 Any node answers any key, e.g.:
   $bin/cairnctl --address 127.0.0.1:${grpc_ports[1]} kv put greeting hello
   $bin/cairnctl --address 127.0.0.1:${grpc_ports[2]} partitions list
+  redis-cli -p ${resp_ports[2]} GET greeting
 Stop it with: scripts/cluster.sh stop $dir
 EOF
 }

@@ -296,6 +296,7 @@ fn run_cairn_briefly(
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["--base-dir", base, "--bind-address", "127.0.0.1:0"])
         .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
+        .env("CAIRN_RESP__BIND_ADDRESS", "127.0.0.1:0")
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .envs(env.iter().copied())

@@ -39,6 +39,50 @@ pub struct Config {
     pub partition_store: PartitionStoreConfig,
     pub worker: WorkerConfig,
     pub metrics: MetricsConfig,
+    pub resp: RespConfig,
+}
+
+/// The Redis-protocol port.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct RespConfig {
+    /// Address of the port that speaks the Redis protocol (RESP2 and RESP3); `"none"`: no port.
+    #[serde(with = "address_or_none")]
+    pub bind_address: Option<SocketAddr>,
+}
+
+impl Default for RespConfig {
+    fn default() -> Self {
+        RespConfig {
+            bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 6380))),
+        }
+    }
+}
+
+/// An address, or the word `none` for no port.
+mod address_or_none {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::net::SocketAddr;
+
+    pub fn serialize<S: Serializer>(address: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match address {
+            Some(address) => s.serialize_str(&address.to_string()),
+            None => s.serialize_str("none"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "{text:?} is not an address; give host:port with an IP address (e.g. \
+                 127.0.0.1:6380), or \"none\" for no Redis port"
+            ))
+        })
+    }
 }
 
 /// How a cluster places its partitions (`[log] provider = "nats"`).
@@ -244,6 +288,7 @@ impl Default for Config {
             partition_store: PartitionStoreConfig::default(),
             worker: WorkerConfig::default(),
             metrics: MetricsConfig::default(),
+            resp: RespConfig::default(),
         }
     }
 }

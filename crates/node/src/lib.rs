@@ -11,6 +11,7 @@ mod forward;
 mod metrics;
 mod node;
 mod partitions;
+mod resp;
 mod service;
 pub mod tools;
 mod validate;

@@ -6,8 +6,8 @@
 use crate::node::NodeState;
 use anyhow::Context;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,7 +38,15 @@ pub(crate) struct Metrics {
     replay_lag: IntGaugeVec,
     expired_dropped: IntCounterVec,
     time_ahead: GaugeVec,
+    resp_commands: IntCounterVec,
+    resp_duration: HistogramVec,
+    resp_connections: IntGauge,
 }
+
+/// Buckets for the time to answer a Redis command, in seconds.
+const COMMAND_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
 
 impl Metrics {
     pub fn new() -> Metrics {
@@ -134,6 +142,37 @@ impl Metrics {
                  so a leader whose clock ran ahead moves it, and TTLs then run out early until \
                  the clocks catch up: alert on it.",
             ),
+            resp_commands: counter(
+                "resp_commands_total",
+                "Commands answered on the Redis port, by command (`unknown` for the others).",
+                &["command"],
+            ),
+            resp_duration: {
+                let metric = HistogramVec::new(
+                    HistogramOpts::new(
+                        "resp_command_duration_seconds",
+                        "Time from reading a command on the Redis port to its reply, by command. \
+                         Commands pipelined together are answered together and count the time \
+                         of their whole run.",
+                    )
+                    .buckets(COMMAND_BUCKETS.to_vec()),
+                    &["command"],
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("registered once");
+                metric
+            },
+            resp_connections: {
+                let metric =
+                    IntGauge::new("resp_connections", "Clients connected to the Redis port.")
+                        .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("registered once");
+                metric
+            },
             newest_created: Default::default(),
             registry,
         }
@@ -163,6 +202,27 @@ impl Metrics {
         self.failures
             .with_label_values(&[&partition.to_string(), operation])
             .inc();
+    }
+
+    pub fn resp_command(&self, command: &str, took: Duration) {
+        self.resp_commands.with_label_values(&[command]).inc();
+        self.resp_duration
+            .with_label_values(&[command])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn resp_connections(&self, delta: i64) {
+        self.resp_connections.add(delta);
+    }
+
+    /// Unix time of the newest snapshot this node has seen published, of any partition.
+    pub fn newest_snapshot_unix(&self) -> Option<f64> {
+        self.newest_created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .copied()
+            .reduce(f64::max)
     }
 
     pub fn set_newest_snapshot(&self, partition: impl ToString, created_at: SystemTime) {

@@ -332,6 +332,10 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         Some(address) => Some(metrics::bind(address).await?),
         None => None,
     };
+    let resp_listener = match config.resp.bind_address {
+        Some(address) => Some(crate::resp::bind(address).await?),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
 
     let (snapshots, restorer, tmp_dir) =
@@ -379,6 +383,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     );
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut background = spawn_background(&state, metrics_listener, &cancel, registered.is_none());
+    if let Some(listener) = resp_listener {
+        background.push(tokio::spawn(crate::resp::serve(
+            listener,
+            state.clone(),
+            cancel.clone(),
+        )));
+    }
     if let Some((version, record)) = registered {
         let placement = cluster::PlacementOptions {
             num_partitions: cluster.num_partitions,

@@ -162,6 +162,7 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
         bind_address: "127.0.0.1:0".parse()?,
         num_partitions: args.partitions,
         metrics: cairn_node::config::MetricsConfig { bind_address: None },
+        resp: cairn_node::config::RespConfig { bind_address: None },
         ..cairn_node::Config::default()
     })
     .await
@@ -228,6 +229,7 @@ async fn start_cluster_node(
         bind_address: "127.0.0.1:0".parse()?,
         num_partitions: args.partitions,
         metrics: cairn_node::config::MetricsConfig { bind_address: None },
+        resp: cairn_node::config::RespConfig { bind_address: None },
         ..cairn_node::Config::default()
     };
     config.log.provider = LogProviderKind::Nats;

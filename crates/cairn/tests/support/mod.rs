@@ -42,6 +42,7 @@ impl Server {
             .args(args)
             // Tests run in parallel: every node gets its own free metrics port.
             .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
+            .env("CAIRN_RESP__BIND_ADDRESS", "127.0.0.1:0")
             .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -120,6 +121,14 @@ impl Server {
         })
     }
 
+    /// The address of the Redis-protocol port, from the node's log.
+    pub fn resp_address(&self) -> Option<String> {
+        self.output().lines().find_map(|line| {
+            let rest = line.split("Redis protocol (RESP) listening on ").nth(1)?;
+            Some(rest.split_whitespace().next()?.to_string())
+        })
+    }
+
     /// The process id, for tests that send it signals (`SIGSTOP` to hold it mid-answer).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -161,6 +170,7 @@ pub fn run_cairn(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(args)
         .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
+        .env("CAIRN_RESP__BIND_ADDRESS", "127.0.0.1:0")
         .envs(env.iter().copied())
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

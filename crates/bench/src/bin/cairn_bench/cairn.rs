@@ -33,6 +33,7 @@ impl Node {
             bind_address: "127.0.0.1:0".parse()?,
             num_partitions: args.partitions,
             metrics: cairn_node::config::MetricsConfig { bind_address: None },
+            resp: cairn_node::config::RespConfig { bind_address: None },
             ..cairn_node::Config::default()
         };
         let node = cairn_node::start(config)

@@ -1,0 +1,759 @@
+//! The Redis-protocol front end: a RESP2/RESP3 port beside the gRPC one, over the same
+//! partitions, durability and routing.
+//!
+//! # One request per run of commands
+//! A connection reads whatever its client has sent (a pipeline, or one command), parses every
+//! complete command in it, and runs them as a few requests to the key-value service this node
+//! serves over gRPC: each maximal run of consecutive reads becomes one read, each run of
+//! consecutive writes one write. So a pipeline of 100 `SET`s costs what one put of 100 keys does,
+//! and the commands still take effect in the order they were sent: every write of a run is applied
+//! before the reads after it are made. The service splits each request by partition and forwards
+//! what this node does not lead, as it does for gRPC clients.
+//!
+//! # Decided by the state machine
+//! Commands that must read before they write (`SET … NX/XX/GET/KEEPTTL`, `EXPIRE`, `DEL`'s count,
+//! `MSETNX`) are conditional operations in the partition's log record; the partition decides them
+//! when it applies the record. The front end never reads a key to decide a write.
+//!
+//! # Bounds
+//! A command carries at most one request's worth of keys and bytes; a run is cut into requests
+//! of at most [`BATCH_KEYS_MAX`] keys and half of [`BATCH_BYTES_MAX`] bytes. A frame longer than
+//! [`FRAME_BYTES_MAX`] closes the connection with a protocol error, as does a malformed one.
+
+mod command;
+mod reply;
+
+use crate::node::NodeState;
+use crate::service::KeyValueService;
+use bytes::{Bytes, BytesMut};
+use cairn_api::v1;
+use cairn_api::v1::key_value_server::KeyValue;
+use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX};
+use cairn_types::record::{Action, Condition, Expiry, WriteOp};
+use command::{COMMANDS, Command, CommandSpec, Connection, Read, ReadReply, Write, WriteReply};
+use reply::Reply;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request, Status};
+use tracing::{debug, info, warn};
+
+/// The longest frame (one command with its arguments) a connection takes: a request's bytes and
+/// room for its framing.
+pub const FRAME_BYTES_MAX: usize = 2 * BATCH_BYTES_MAX;
+
+/// Commands parsed from what a client sent before they are run: a pipeline longer than this is
+/// run in parts.
+const COMMANDS_PER_ROUND_MAX: usize = 10_000;
+
+/// Binds the RESP port.
+pub(crate) async fn bind(address: SocketAddr) -> anyhow::Result<TcpListener> {
+    use anyhow::Context;
+    let listener = TcpListener::bind(address).await.with_context(|| {
+        format!(
+            "cannot listen for Redis clients on {address}: another process (a Redis server?) may \
+             use it; set resp.bind-address (or CAIRN_RESP__BIND_ADDRESS) to a free address, or \
+             to \"none\" for no Redis port"
+        )
+    })?;
+    info!(
+        "Redis protocol (RESP) listening on {}",
+        listener.local_addr().unwrap_or(address)
+    );
+    Ok(listener)
+}
+
+/// What the connections of a node share.
+struct Server {
+    state: Arc<NodeState>,
+    kv: KeyValueService,
+    port: u16,
+    started: Instant,
+    next_client_id: AtomicU64,
+    connected: AtomicUsize,
+}
+
+/// Serves Redis clients on `listener` until `cancel`.
+pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: CancellationToken) {
+    let server = Arc::new(Server {
+        kv: KeyValueService::new(state.clone()),
+        state,
+        port: listener.local_addr().map(|a| a.port()).unwrap_or_default(),
+        started: Instant::now(),
+        next_client_id: AtomicU64::new(1),
+        connected: AtomicUsize::new(0),
+    });
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors, usually: wait for connections to close.
+                    warn!("RESP port: accept: {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = cancel.cancelled() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let server = server.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let id = server.next_client_id.fetch_add(1, Ordering::Relaxed);
+            server.connected.fetch_add(1, Ordering::Relaxed);
+            server.state.metrics.resp_connections(1);
+            let mut connection = ClientConnection {
+                server: server.clone(),
+                id,
+                name: None,
+                resp3: false,
+            };
+            tokio::select! {
+                () = connection.run(stream) => {}
+                () = cancel.cancelled() => {}
+            }
+            server.connected.fetch_sub(1, Ordering::Relaxed);
+            server.state.metrics.resp_connections(-1);
+            debug!(%peer, id, "RESP connection closed");
+        });
+    }
+}
+
+struct ClientConnection {
+    server: Arc<Server>,
+    id: u64,
+    name: Option<Bytes>,
+    resp3: bool,
+}
+
+impl ClientConnection {
+    async fn run(&mut self, mut stream: TcpStream) {
+        let mut input = BytesMut::with_capacity(64 * 1024);
+        let mut output = BytesMut::with_capacity(64 * 1024);
+        loop {
+            let (commands, protocol_error) = decode(&mut input);
+            let ran = !commands.is_empty();
+            let quit = ran && self.run_commands(commands, &mut output).await;
+            if let Some(details) = &protocol_error {
+                // As Redis does: say why, then close, since nothing after it can be framed.
+                Reply::error(format!("ERR Protocol error: {details}"))
+                    .encode(self.resp3, &mut output);
+            }
+            if !output.is_empty() {
+                if stream.write_all(&output).await.is_err() {
+                    return;
+                }
+                output.clear();
+            }
+            if quit || protocol_error.is_some() {
+                return;
+            }
+            // A pipeline longer than one round leaves complete commands in the buffer.
+            if ran {
+                continue;
+            }
+            match stream.read_buf(&mut input).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Runs `commands` in order and appends their replies to `output`. Returns whether the
+    /// client asked to close the connection.
+    async fn run_commands(
+        &mut self,
+        commands: Vec<(&'static str, Command)>,
+        output: &mut BytesMut,
+    ) -> bool {
+        let metrics = self.server.state.metrics.clone();
+        let mut commands = commands.into_iter().peekable();
+        while let Some((label, command)) = commands.next() {
+            let started = Instant::now();
+            match command {
+                Command::Read(read) => {
+                    let mut run = vec![(label, read)];
+                    while matches!(commands.peek(), Some((_, Command::Read(_)))) {
+                        if let Some((label, Command::Read(read))) = commands.next() {
+                            run.push((label, read));
+                        }
+                    }
+                    let (labels, reads): (Vec<_>, Vec<_>) = run.into_iter().unzip();
+                    let replies = self.reads(&reads).await;
+                    self.answer(&labels, replies, started, output);
+                }
+                Command::Write(write) if !write.all_or_nothing => {
+                    let mut run = vec![(label, write)];
+                    while matches!(commands.peek(), Some((_, Command::Write(w))) if !w.all_or_nothing)
+                    {
+                        if let Some((label, Command::Write(write))) = commands.next() {
+                            run.push((label, write));
+                        }
+                    }
+                    let (labels, writes): (Vec<_>, Vec<_>) = run.into_iter().unzip();
+                    let replies = self.writes(&writes).await;
+                    self.answer(&labels, replies, started, output);
+                }
+                Command::Write(write) => {
+                    let replies = self.write_chunk(std::slice::from_ref(&write)).await;
+                    self.answer(&[label], replies, started, output);
+                }
+                Command::Connection(Connection::Quit) => {
+                    self.answer(&[label], vec![Reply::Ok], started, output);
+                    return true;
+                }
+                Command::Connection(connection) => {
+                    let reply = self.connection(connection).await;
+                    self.answer(&[label], vec![reply], started, output);
+                }
+                Command::Refused(reply) => {
+                    metrics.resp_command(label, started.elapsed());
+                    reply.encode(self.resp3, output);
+                }
+            }
+        }
+        false
+    }
+
+    /// Encodes `replies` and counts the commands they answer, each as taking the whole run.
+    fn answer(
+        &self,
+        labels: &[&'static str],
+        replies: Vec<Reply>,
+        started: Instant,
+        output: &mut BytesMut,
+    ) {
+        let elapsed = started.elapsed();
+        for label in labels {
+            self.server.state.metrics.resp_command(label, elapsed);
+        }
+        for reply in replies {
+            reply.encode(self.resp3, output);
+        }
+    }
+
+    /// Replies to a run of reads, a request per chunk.
+    async fn reads(&self, run: &[Read]) -> Vec<Reply> {
+        let mut replies = Vec::with_capacity(run.len());
+        for chunk in chunks(
+            run,
+            |r| r.keys.len(),
+            |r| r.keys.iter().map(Bytes::len).sum(),
+        ) {
+            match self.get(chunk).await {
+                Ok(answers) => replies.extend(answers),
+                // One command's failure (an answer too large) must not fail the others'.
+                Err(_) if chunk.len() > 1 => {
+                    for read in chunk {
+                        let answer = self.get(std::slice::from_ref(read)).await;
+                        replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
+                    }
+                }
+                Err(status) => replies.push(status_reply(&status)),
+            }
+        }
+        replies
+    }
+
+    async fn get(&self, chunk: &[Read]) -> Result<Vec<Reply>, Status> {
+        let keys: Vec<Bytes> = chunk.iter().flat_map(|r| r.keys.iter().cloned()).collect();
+        let with_expiry = chunk
+            .iter()
+            .any(|r| matches!(r.reply, ReadReply::Ttl { .. }));
+        let values = self
+            .server
+            .kv
+            .get(Request::new(v1::GetRequest { keys, with_expiry }))
+            .await?
+            .into_inner()
+            .values;
+        let now_ms = now_ms();
+        let mut values = values.into_iter();
+        Ok(chunk
+            .iter()
+            .map(|read| {
+                let mine: Vec<v1::MaybeValue> = values.by_ref().take(read.keys.len()).collect();
+                read_reply(read.reply, mine, now_ms)
+            })
+            .collect())
+    }
+
+    /// Replies to a run of writes, a request per chunk.
+    async fn writes(&self, run: &[Write]) -> Vec<Reply> {
+        let mut replies = Vec::with_capacity(run.len());
+        let op_bytes = |w: &Write| -> usize {
+            w.ops
+                .iter()
+                .map(|op| {
+                    op.key.len()
+                        + match &op.action {
+                            Action::Set { value, .. } => value.len(),
+                            _ => 0,
+                        }
+                })
+                .sum()
+        };
+        for chunk in chunks(run, |w| w.ops.len(), op_bytes) {
+            replies.extend(self.write_chunk(chunk).await);
+        }
+        replies
+    }
+
+    async fn write_chunk(&self, chunk: &[Write]) -> Vec<Reply> {
+        match self.write(chunk).await {
+            Ok(replies) => replies,
+            // Refused before anything was written: each command alone, so that only the one at
+            // fault is refused.
+            Err(status) if status.code() == Code::InvalidArgument && chunk.len() > 1 => {
+                let mut replies = Vec::with_capacity(chunk.len());
+                for write in chunk {
+                    let answer = self.write(std::slice::from_ref(write)).await;
+                    replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
+                }
+                replies
+            }
+            // Some of it may have been written: every command of the chunk says so.
+            Err(status) => vec![status_reply(&status); chunk.len()],
+        }
+    }
+
+    async fn write(&self, chunk: &[Write]) -> Result<Vec<Reply>, Status> {
+        if chunk.iter().all(Write::is_plain_set) {
+            let entries = chunk
+                .iter()
+                .flat_map(|w| &w.ops)
+                .filter_map(|op| match &op.action {
+                    Action::Set { value, expiry } => Some(v1::Entry {
+                        key: op.key.clone(),
+                        value: value.clone(),
+                        ttl_ms: match expiry {
+                            Expiry::After(ms) => Some(*ms),
+                            _ => None,
+                        },
+                    }),
+                    _ => None,
+                })
+                .collect();
+            self.server
+                .kv
+                .put(Request::new(v1::PutRequest { entries }))
+                .await?;
+            return Ok(vec![Reply::Ok; chunk.len()]);
+        }
+        let request = v1::WriteRequest {
+            ops: chunk.iter().flat_map(|w| &w.ops).map(wire).collect(),
+            all_or_nothing: chunk.iter().any(|w| w.all_or_nothing),
+        };
+        let results = self
+            .server
+            .kv
+            .write(Request::new(request))
+            .await?
+            .into_inner()
+            .results;
+        let mut results = results.into_iter();
+        Ok(chunk
+            .iter()
+            .map(|write| {
+                let mine: Vec<v1::WriteResult> = results.by_ref().take(write.ops.len()).collect();
+                write_reply(write.reply, &mine)
+            })
+            .collect())
+    }
+
+    async fn connection(&mut self, connection: Connection) -> Reply {
+        match connection {
+            Connection::Ping(None) => Reply::Simple("PONG"),
+            Connection::Ping(Some(message)) | Connection::Echo(message) => Reply::Bulk(message),
+            Connection::Hello {
+                version,
+                name,
+                user,
+            } => {
+                // No password is configured, so the default user is the only one there is.
+                if user.is_some_and(|user| user.as_ref() != b"default") {
+                    return Reply::error(
+                        "WRONGPASS invalid username-password pair or user is disabled.",
+                    );
+                }
+                if let Some(version) = version {
+                    self.resp3 = version == 3;
+                }
+                if let Some(name) = name
+                    && let Err(reply) = self.set_name(name)
+                {
+                    return reply;
+                }
+                Reply::Map(vec![
+                    (Reply::bulk("server"), Reply::bulk("cairn")),
+                    (
+                        Reply::bulk("version"),
+                        Reply::bulk(env!("CARGO_PKG_VERSION")),
+                    ),
+                    (
+                        Reply::bulk("proto"),
+                        Reply::Int(if self.resp3 { 3 } else { 2 }),
+                    ),
+                    (Reply::bulk("id"), Reply::Int(self.id as i64)),
+                    (Reply::bulk("mode"), Reply::bulk("standalone")),
+                    (Reply::bulk("role"), Reply::bulk("master")),
+                    (Reply::bulk("modules"), Reply::Array(Vec::new())),
+                ])
+            }
+            Connection::Select(db) => match std::str::from_utf8(&db)
+                .ok()
+                .and_then(|d| d.parse::<i64>().ok())
+            {
+                Some(0) => Reply::Ok,
+                Some(_) => Reply::error("ERR DB index is out of range"),
+                None => Reply::error("ERR value is not an integer or out of range"),
+            },
+            Connection::ClientSetName(name) => match self.set_name(name) {
+                Ok(()) => Reply::Ok,
+                Err(reply) => reply,
+            },
+            Connection::ClientGetName => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
+            Connection::ClientId => Reply::Int(self.id as i64),
+            Connection::ClientIgnored => Reply::Ok,
+            Connection::Command(args) => command_reply(&args),
+            Connection::Info(sections) => Reply::Text(self.info(&sections).await),
+            Connection::Auth(args) => match args.as_slice() {
+                [_password] => Reply::error(
+                    "ERR AUTH <password> called without any password configured for the \
+                     default user. Are you sure your configuration is correct?",
+                ),
+                [user, _] if user.as_ref() == b"default" => Reply::Ok,
+                _ => Reply::error("WRONGPASS invalid username-password pair or user is disabled."),
+            },
+            Connection::Quit => Reply::Ok,
+        }
+    }
+
+    fn set_name(&mut self, name: Bytes) -> Result<(), Reply> {
+        if name.iter().any(|&b| !(b'!'..=b'~').contains(&b)) {
+            return Err(Reply::error(
+                "ERR Client names cannot contain spaces, newlines or special characters.",
+            ));
+        }
+        self.name = (!name.is_empty()).then_some(name);
+        Ok(())
+    }
+
+    /// `INFO`: the server, clients, persistence and keyspace sections (all of them when none is
+    /// named), with this node's figures.
+    async fn info(&self, sections: &[Bytes]) -> String {
+        let wanted = |name: &str| {
+            sections.is_empty()
+                || sections.iter().any(|s| {
+                    let s = s.to_ascii_lowercase();
+                    s == name.as_bytes() || s == b"all" || s == b"everything" || s == b"default"
+                })
+        };
+        let state = &self.server.state;
+        let mut out = String::new();
+        let uptime = self.server.started.elapsed().as_secs();
+        if wanted("server") {
+            out.push_str(&format!(
+                "# Server\r\nredis_version:7.2.0\r\ncairn_version:{}\r\nredis_mode:standalone\r\n\
+                 os:{} {}\r\narch_bits:{}\r\nprocess_id:{}\r\ntcp_port:{}\r\n\
+                 uptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\ncairn_node:{}\r\n\
+                 cairn_cluster:{}\r\n\r\n",
+                env!("CARGO_PKG_VERSION"),
+                std::env::consts::OS,
+                std::env::consts::ARCH,
+                usize::BITS,
+                std::process::id(),
+                self.server.port,
+                uptime / 86_400,
+                state.node,
+                state.cluster.cluster_name,
+            ));
+        }
+        if wanted("clients") {
+            out.push_str(&format!(
+                "# Clients\r\nconnected_clients:{}\r\n\r\n",
+                self.server.connected.load(Ordering::Relaxed)
+            ));
+        }
+        let led: Vec<_> = state
+            .partitions
+            .slots()
+            .iter()
+            .filter_map(|slot| slot.running().ok())
+            .filter(|p| p.leads())
+            .collect();
+        if wanted("persistence") {
+            let applied: u64 = led.iter().map(|p| p.applied_lsn().0).sum();
+            out.push_str(&format!(
+                "# Persistence\r\nloading:0\r\ncairn_log_provider:{}\r\n\
+                 cairn_partitions:{}\r\ncairn_partitions_led_here:{}\r\n\
+                 cairn_applied_records_of_led_partitions:{applied}\r\n\
+                 cairn_snapshot_repository:{}\r\ncairn_newest_snapshot_unix:{}\r\n\r\n",
+                if state.config.cluster_mode() {
+                    "nats"
+                } else {
+                    "local"
+                },
+                state.num_partitions(),
+                led.len(),
+                if state.snapshots.is_some() {
+                    "configured"
+                } else {
+                    "none"
+                },
+                state
+                    .metrics
+                    .newest_snapshot_unix()
+                    .map_or(-1, |unix| unix as i64),
+            ));
+        }
+        if wanted("keyspace") {
+            let mut keys = 0u64;
+            for partition in &led {
+                if let Ok(status) = partition.store_status().await {
+                    keys += status.estimates.keys;
+                }
+            }
+            // RocksDB's estimate over the partitions this node leads; expired values count
+            // until a compaction drops them.
+            out.push_str(&format!("# Keyspace\r\ndb0:keys={keys}\r\n"));
+        }
+        out
+    }
+}
+
+/// Every complete command in `input` (up to [`COMMANDS_PER_ROUND_MAX`]), and the protocol error
+/// that ends the connection, if any.
+fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>) {
+    let mut commands = Vec::new();
+    while commands.len() < COMMANDS_PER_ROUND_MAX {
+        match redis_protocol::resp2::decode::decode_bytes_mut(input) {
+            Ok(Some((frame, _, _))) => match arguments(frame) {
+                Some(args) => commands.push(command::parse(args)),
+                None => {
+                    return (
+                        commands,
+                        Some("expected an array of bulk strings".to_string()),
+                    );
+                }
+            },
+            Ok(None) => break,
+            Err(err) => return (commands, Some(err.details().to_string())),
+        }
+    }
+    if commands.is_empty() && input.len() > FRAME_BYTES_MAX {
+        return (
+            commands,
+            Some(format!(
+                "a command of over {FRAME_BYTES_MAX} bytes; Cairn takes at most \
+                 {BATCH_BYTES_MAX} bytes of keys and values per command"
+            )),
+        );
+    }
+    (commands, None)
+}
+
+/// A command's arguments: a frame that is a non-empty array of strings.
+fn arguments(frame: redis_protocol::resp2::types::BytesFrame) -> Option<Vec<Bytes>> {
+    use redis_protocol::resp2::types::BytesFrame as F;
+    let F::Array(items) = frame else {
+        return None;
+    };
+    if items.is_empty() {
+        return None;
+    }
+    items
+        .into_iter()
+        .map(|item| match item {
+            F::BulkString(bytes) | F::SimpleString(bytes) => Some(bytes),
+            F::Integer(n) => Some(Bytes::from(n.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `items` cut into runs of at most one request's keys and half its bytes; an item larger than
+/// that is a run of its own (and the service refuses it with the bound).
+fn chunks<T>(items: &[T], keys: impl Fn(&T) -> usize, bytes: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let (mut start, mut chunk_keys, mut chunk_bytes) = (0, 0, 0);
+    for (i, item) in items.iter().enumerate() {
+        let (k, b) = (keys(item), bytes(item));
+        if i > start && (chunk_keys + k > BATCH_KEYS_MAX || chunk_bytes + b > BATCH_BYTES_MAX / 2) {
+            out.push(&items[start..i]);
+            (start, chunk_keys, chunk_bytes) = (i, 0, 0);
+        }
+        chunk_keys += k;
+        chunk_bytes += b;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn read_reply(kind: ReadReply, values: Vec<v1::MaybeValue>, now_ms: u64) -> Reply {
+    let value = |v: v1::MaybeValue| v.value.map_or(Reply::Nil, Reply::Bulk);
+    match kind {
+        ReadReply::Value => values.into_iter().next().map_or(Reply::Nil, value),
+        ReadReply::Values => Reply::Array(values.into_iter().map(value).collect()),
+        ReadReply::Count => Reply::Int(values.iter().filter(|v| v.value.is_some()).count() as i64),
+        ReadReply::Ttl { millis } => match values.into_iter().next() {
+            Some(v1::MaybeValue {
+                value: Some(_),
+                expires_at_ms: Some(at),
+            }) => {
+                let left = at.saturating_sub(now_ms);
+                // Redis rounds seconds to the nearest.
+                Reply::Int(if millis {
+                    left
+                } else {
+                    left.saturating_add(500) / 1000
+                } as i64)
+            }
+            Some(v1::MaybeValue { value: Some(_), .. }) => Reply::Int(-1),
+            _ => Reply::Int(-2),
+        },
+    }
+}
+
+fn write_reply(kind: WriteReply, results: &[v1::WriteResult]) -> Reply {
+    let all_applied = results.iter().all(|r| r.applied);
+    match kind {
+        WriteReply::OkOrNil if all_applied => Reply::Ok,
+        WriteReply::OkOrNil => Reply::Nil,
+        WriteReply::Old => results
+            .first()
+            .and_then(|r| r.old_value.clone())
+            .map_or(Reply::Nil, Reply::Bulk),
+        WriteReply::Applied => Reply::Int(i64::from(all_applied)),
+        WriteReply::Existed => Reply::Int(results.iter().filter(|r| r.existed).count() as i64),
+    }
+}
+
+/// A failed request as an error reply: `TRYAGAIN` where nothing was done and a retry may work
+/// (a partition changing hands or not up yet), `ERR` otherwise.
+fn status_reply(status: &Status) -> Reply {
+    let message = status.message();
+    match status.code() {
+        Code::Unavailable => Reply::error(format!("TRYAGAIN {message}")),
+        Code::DeadlineExceeded => Reply::error(format!(
+            "ERR the outcome is unknown, read the keys to know: {message}"
+        )),
+        _ => Reply::error(format!("ERR {message}")),
+    }
+}
+
+/// A conditional operation as the key-value service takes it.
+fn wire(op: &WriteOp) -> v1::WriteOp {
+    use v1::expiry_spec::When;
+    let spec = |expiry: &Expiry| v1::ExpirySpec {
+        when: Some(match *expiry {
+            Expiry::Never => When::Never(v1::expiry_spec::Never {}),
+            Expiry::After(ms) => When::AfterMs(ms),
+            Expiry::At(at) => When::AtMs(at),
+            Expiry::Keep => When::Keep(v1::expiry_spec::Keep {}),
+        }),
+    };
+    let action = match &op.action {
+        Action::Set { value, expiry } => v1::write_op::Action::Set(v1::SetAction {
+            value: value.clone(),
+            expiry: Some(spec(expiry)),
+        }),
+        Action::Expire { expiry } => v1::write_op::Action::Expire(v1::ExpireAction {
+            expiry: Some(spec(expiry)),
+        }),
+        Action::Delete => v1::write_op::Action::Delete(v1::DeleteAction {}),
+    };
+    let condition = match op.condition {
+        Condition::Always => v1::WriteCondition::Always,
+        Condition::IfAbsent => v1::WriteCondition::IfAbsent,
+        Condition::IfPresent => v1::WriteCondition::IfPresent,
+        Condition::IfNoExpiry => v1::WriteCondition::IfNoExpiry,
+        Condition::IfHasExpiry => v1::WriteCondition::IfHasExpiry,
+        Condition::IfLater => v1::WriteCondition::IfLater,
+        Condition::IfEarlier => v1::WriteCondition::IfEarlier,
+    };
+    v1::WriteOp {
+        key: op.key.clone(),
+        action: Some(action),
+        condition: condition as i32,
+        return_old: op.return_old,
+    }
+}
+
+/// `COMMAND`, `COMMAND COUNT`, `COMMAND LIST`, `COMMAND INFO` and `COMMAND DOCS`: enough for
+/// `redis-cli` and client libraries to know what is here.
+fn command_reply(args: &[Bytes]) -> Reply {
+    let info = |c: &'static CommandSpec| {
+        Reply::Array(vec![
+            Reply::bulk(c.0),
+            Reply::Int(c.1),
+            Reply::Array(c.2.iter().map(|f| Reply::Simple(f)).collect()),
+            Reply::Int(c.3),
+            Reply::Int(c.4),
+            Reply::Int(c.5),
+        ])
+    };
+    let named = |names: &[Bytes]| -> Vec<&'static CommandSpec> {
+        if names.is_empty() {
+            return COMMANDS.iter().collect();
+        }
+        names
+            .iter()
+            .filter_map(|n| {
+                let n = String::from_utf8_lossy(n).to_ascii_lowercase();
+                COMMANDS.iter().find(|c| c.0 == n)
+            })
+            .collect()
+    };
+    let Some(sub) = args.first() else {
+        return Reply::Array(COMMANDS.iter().map(info).collect());
+    };
+    match sub.to_ascii_lowercase().as_slice() {
+        b"count" => Reply::Int(COMMANDS.len() as i64),
+        b"list" => Reply::Array(COMMANDS.iter().map(|c| Reply::bulk(c.0)).collect()),
+        b"info" => Reply::Array(
+            args[1..]
+                .iter()
+                .map(|n| {
+                    let n = String::from_utf8_lossy(n).to_ascii_lowercase();
+                    COMMANDS.iter().find(|c| c.0 == n).map_or(Reply::Nil, info)
+                })
+                .collect(),
+        ),
+        b"docs" => Reply::Map(
+            named(&args[1..])
+                .into_iter()
+                .map(|c| {
+                    (
+                        Reply::bulk(c.0),
+                        Reply::Map(vec![
+                            (Reply::bulk("summary"), Reply::bulk(c.6)),
+                            (Reply::bulk("since"), Reply::bulk("1.0.0")),
+                            (
+                                Reply::bulk("group"),
+                                Reply::bulk(if c.3 > 0 { "string" } else { "connection" }),
+                            ),
+                        ]),
+                    )
+                })
+                .collect(),
+        ),
+        _ => Reply::error(format!(
+            "ERR unknown subcommand '{}'. Try COMMAND HELP.",
+            String::from_utf8_lossy(sub)
+        )),
+    }
+}
