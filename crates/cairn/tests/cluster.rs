@@ -91,6 +91,75 @@ fn placement(table: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Writes through one node's Redis port, conditional writes through another's, reads through the
+/// third's; then `SET … NX EX` of the same keys raced through all three: one winner per key.
+async fn resp_on_every_node(nodes: &[Server]) {
+    let mut connections = Vec::new();
+    for node in nodes {
+        let address = node.resp_address().expect("the RESP port is on");
+        let client = redis::Client::open(format!("redis://{address}/")).unwrap();
+        connections.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let keys: Vec<String> = (0..500).map(|i| format!("resp-{i}")).collect();
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("SET").arg(key).arg(format!("v-{key}")).ignore();
+    }
+    let () = pipe.query_async(&mut connections[0]).await.unwrap();
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("SET")
+            .arg(key)
+            .arg(format!("w-{key}"))
+            .arg("XX")
+            .arg("GET");
+    }
+    let old: Vec<String> = pipe.query_async(&mut connections[1]).await.unwrap();
+    assert!(keys.iter().zip(&old).all(|(k, o)| *o == format!("v-{k}")));
+    let values: Vec<String> = redis::cmd("MGET")
+        .arg(&keys)
+        .query_async(&mut connections[2])
+        .await
+        .unwrap();
+    assert!(
+        keys.iter()
+            .zip(&values)
+            .all(|(k, v)| *v == format!("w-{k}"))
+    );
+    let deleted: usize = redis::cmd("DEL")
+        .arg(&keys[..100])
+        .query_async(&mut connections[2])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 100);
+
+    let contested = 300;
+    let racers = connections.into_iter().enumerate().map(|(n, mut c)| {
+        tokio::spawn(async move {
+            let mut pipe = redis::pipe();
+            for k in 0..contested {
+                pipe.cmd("SET")
+                    .arg(format!("resp-race-{k}"))
+                    .arg(n)
+                    .arg("NX")
+                    .arg("EX")
+                    .arg(600);
+            }
+            let replies: Vec<redis::Value> = pipe.query_async(&mut c).await.unwrap();
+            (0..contested)
+                .filter(|&k| replies[k] == redis::Value::Okay)
+                .collect::<Vec<_>>()
+        })
+    });
+    let mut admitted = std::collections::HashSet::new();
+    for racer in racers {
+        for k in racer.await.unwrap() {
+            assert!(admitted.insert(k), "resp-race-{k} admitted twice");
+        }
+    }
+    assert_eq!(admitted.len(), contested);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -131,6 +200,10 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     for address in &addresses {
         assert_keys_there(address, &keys).await;
     }
+
+    // The Redis port of every node answers every key, and its conditional writes are decided by
+    // the partitions' leaders wherever they are sent.
+    resp_on_every_node(&nodes).await;
 
     // Insert-if-absent of the same keys from clients that route by themselves, each seeded by
     // another node (the writes above went through one node, which forwarded): one winner per key.

@@ -157,6 +157,7 @@ impl ClientConnection {
             if ran {
                 continue;
             }
+            input.reserve(64 * 1024);
             match stream.read_buf(&mut input).await {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
