@@ -242,6 +242,7 @@ impl Drop for Publishing<'_> {
 pub struct RunningNode {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    resp_addr: Option<SocketAddr>,
     base_dir: PathBuf,
     state: Arc<NodeState>,
     cancel: CancellationToken,
@@ -253,6 +254,11 @@ pub struct RunningNode {
 impl RunningNode {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Address of the Redis-protocol port, if it is enabled.
+    pub fn resp_addr(&self) -> Option<SocketAddr> {
+        self.resp_addr
     }
 
     /// Address of the Prometheus metrics port, if it is enabled.
@@ -382,6 +388,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         base_dir.display()
     );
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let resp_addr = resp_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut background = spawn_background(&state, metrics_listener, &cancel, registered.is_none());
     if let Some(listener) = resp_listener {
         background.push(tokio::spawn(crate::resp::serve(
@@ -411,6 +418,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     Ok(RunningNode {
         local_addr,
         metrics_addr,
+        resp_addr,
         base_dir,
         state,
         cancel,

@@ -77,6 +77,8 @@ pub enum Connection {
     /// `CLIENT SETINFO` and other settings that change nothing here.
     ClientIgnored,
     Command(Vec<Bytes>),
+    /// `CONFIG GET`: Cairn's settings are not Redis's, so it names none of them.
+    ConfigGet,
     Info(Vec<Bytes>),
     /// `AUTH [username] password`.
     Auth(Vec<Bytes>),
@@ -428,6 +430,20 @@ fn parse_known(name: &str, args: &[Bytes]) -> Result<Option<Command>, Reply> {
         }
         "command" => connection(Connection::Command(args[1..].to_vec())),
         "info" => connection(Connection::Info(args[1..].to_vec())),
+        "config" => {
+            arity(argc >= 2)?;
+            match args[1].to_ascii_lowercase().as_slice() {
+                b"get" if argc >= 3 => connection(Connection::ConfigGet),
+                b"get" => Err(Reply::error(
+                    "ERR wrong number of arguments for 'config|get' command",
+                )),
+                _ => Err(Reply::error(format!(
+                    "ERR CONFIG {} is not supported: Cairn is configured by its configuration \
+                     file and CAIRN_* environment variables",
+                    String::from_utf8_lossy(&args[1]).to_uppercase()
+                ))),
+            }
+        }
         "auth" => {
             arity(argc == 2 || argc == 3)?;
             connection(Connection::Auth(args[1..].to_vec()))
@@ -748,6 +764,15 @@ pub const COMMANDS: &[CommandSpec] = &[
         0,
         0,
         "Describes the server.",
+    ),
+    (
+        "config",
+        -2,
+        &["admin", "loading", "stale"],
+        0,
+        0,
+        0,
+        "CONFIG GET names no setting: Cairn is configured by its own file.",
     ),
     (
         "auth",

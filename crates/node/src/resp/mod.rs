@@ -422,6 +422,7 @@ impl ClientConnection {
             Connection::ClientId => Reply::Int(self.id as i64),
             Connection::ClientIgnored => Reply::Ok,
             Connection::Command(args) => command_reply(&args),
+            Connection::ConfigGet => Reply::Map(Vec::new()),
             Connection::Info(sections) => Reply::Text(self.info(&sections).await),
             Connection::Auth(args) => match args.as_slice() {
                 [_password] => Reply::error(

@@ -7,12 +7,7 @@ use crate::drive::{Connection, Workload};
 use anyhow::Context;
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry};
-use std::time::{Duration, Instant};
-
-/// The partition status that says a partition serves (`cairnctl partitions list`).
-const SERVING: &str = "active";
-/// The status of a partition the node is still bringing up; the benchmark waits for these.
-const STARTING: &str = "starting";
+use std::time::Duration;
 
 /// The benchmark's node, serving.
 pub struct Node {
@@ -41,7 +36,8 @@ impl Node {
             .context("start the benchmark's Cairn node")?;
         let address = format!("http://{}", node.local_addr());
         let client = connect(&address).await?;
-        wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout)).await?;
+        cairn_bench::wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout))
+            .await?;
         Ok(Node { node, address, dir })
     }
 
@@ -76,43 +72,6 @@ async fn connect(address: &str) -> anyhow::Result<Client> {
     Client::connect(address, &ClientOptions::default())
         .await
         .with_context(|| format!("connect to the benchmark's Cairn node at {address}"))
-}
-
-/// `cairn_node::start` returns while the partitions are still coming up (a request to one says
-/// "the node is still starting it"): polls the partition list until every partition serves, for
-/// at most `timeout`. A partition that is down, not starting, fails at once with its reason.
-async fn wait_until_serving(client: &Client, timeout: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let partitions = client
-            .list_partitions()
-            .await
-            .context("list the benchmark node's partitions")?
-            .partitions;
-        let starting: Vec<String> = partitions
-            .iter()
-            .filter(|p| p.status != SERVING)
-            .map(|p| {
-                anyhow::ensure!(
-                    p.status == STARTING,
-                    "partition {} of the benchmark's Cairn node is not serving: {}",
-                    p.partition_id,
-                    p.status
-                );
-                Ok(p.partition_id.to_string())
-            })
-            .collect::<anyhow::Result<_>>()?;
-        if starting.is_empty() {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the benchmark's Cairn node did not bring up partitions {} within {timeout:?}; \
-             on a busy machine, allow longer with --start-timeout",
-            starting.join(", ")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// One request of `workload`, checked: every insert inserted, every read key found.

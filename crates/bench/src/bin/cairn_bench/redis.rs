@@ -6,8 +6,8 @@ use crate::Args;
 use crate::drive::{Connection, Workload};
 use anyhow::Context;
 use bytes::Bytes;
+use cairn_bench::redis_server::RedisProcess;
 use redis::aio::MultiplexedConnection;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long `redis-server` may take to answer after it was started.
@@ -17,10 +17,9 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A `redis-server` the benchmark started; killed when dropped (see [`Server::stop`]).
 pub struct Server {
-    child: Child,
+    process: RedisProcess,
     url: String,
     pub version: String,
-    dir: tempfile::TempDir,
 }
 
 impl Server {
@@ -28,17 +27,16 @@ impl Server {
     pub async fn start(binary: &str) -> anyhow::Result<Option<Server>> {
         // Creating the folder and starting the process block: off the async threads.
         let binary = binary.to_owned();
-        let launched = tokio::task::spawn_blocking(move || launch(&binary))
+        let launched = tokio::task::spawn_blocking(move || RedisProcess::launch(&binary))
             .await
             .context("start redis-server")??;
-        let Some((child, dir, port)) = launched else {
+        let Some(process) = launched else {
             return Ok(None);
         };
         let mut server = Server {
-            child,
-            url: format!("redis://127.0.0.1:{port}/"),
+            url: format!("redis://127.0.0.1:{}/", process.port),
+            process,
             version: String::new(),
-            dir,
         };
         server.version = server.wait_until_ready().await?;
         Ok(Some(server))
@@ -53,7 +51,12 @@ impl Server {
     async fn wait_until_ready(&mut self) -> anyhow::Result<String> {
         let deadline = Instant::now() + START_TIMEOUT;
         let mut connection = loop {
-            if let Some(status) = self.child.try_wait().context("watch redis-server")? {
+            if let Some(status) = self
+                .process
+                .child
+                .try_wait()
+                .context("watch redis-server")?
+            {
                 anyhow::bail!(
                     "redis-server exited ({status}) before it served; its log:\n{}",
                     self.log().await
@@ -113,55 +116,10 @@ impl Server {
     }
 
     async fn log(&self) -> String {
-        tokio::fs::read_to_string(self.dir.path().join("redis.log"))
+        tokio::fs::read_to_string(self.process.log_path())
             .await
             .unwrap_or_else(|e| format!("(no log: {e})"))
     }
-}
-
-/// Starts `binary` in a temporary folder of its own on a free port; `None` when it is not
-/// installed. Blocking.
-fn launch(binary: &str) -> anyhow::Result<Option<(Child, tempfile::TempDir, u16)>> {
-    let dir = tempfile::tempdir().context("create Redis's temporary folder")?;
-    let port = free_port()?;
-    let spawned = Command::new(binary)
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--dir")
-        .arg(dir.path())
-        .args([
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-        ])
-        .args(["--daemonize", "no", "--logfile"])
-        .arg(dir.path().join("redis.log"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let child = match spawned {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        other => other.with_context(|| format!("start {binary}"))?,
-    };
-    Ok(Some((child, dir, port)))
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Nothing of this server's data is kept; its folder goes with it.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A loopback port nobody listens on right now.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").context("find a free port for Redis")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// One request of `workload`, checked: every insert inserted, every read key found.
