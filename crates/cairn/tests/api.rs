@@ -366,24 +366,39 @@ async fn conditional_writes_answer_per_operation() {
     // 100 keys over every partition: set if present does nothing, then set returns no old value,
     // then set if present returns the first value.
     let keys: Vec<String> = (0..100).map(|i| format!("cw-{i}")).collect();
-    let round = |value: &'static str, condition| {
+    let round = |keys: &[String], value: &'static str, condition, return_old| {
         keys.iter()
-            .map(|k| write_op(k, set(value, Some(60_000)), condition, true))
+            .map(|k| write_op(k, set(value, Some(60_000)), condition, return_old))
             .collect::<Vec<_>>()
     };
     let results = client
-        .write(round("x", WriteCondition::IfPresent), false)
+        .write(round(&keys, "x", WriteCondition::IfPresent, false), false)
         .await
         .unwrap();
     assert!(results.iter().all(|r| !r.applied && !r.existed));
     client
-        .write(round("first", WriteCondition::Always), false)
+        .write(round(&keys, "first", WriteCondition::Always, false), false)
         .await
         .unwrap();
-    let results = client
-        .write(round("second", WriteCondition::IfPresent), false)
-        .await
-        .unwrap();
+    // Old values come back for as many operations as an answer of largest values can hold.
+    refused(
+        client
+            .write(round(&keys[..17], "y", WriteCondition::Always, true), false)
+            .await,
+        "17 operations ask for the old value; the limit is 16",
+    );
+    let mut results = Vec::new();
+    for share in keys.chunks(16) {
+        results.extend(
+            client
+                .write(
+                    round(share, "second", WriteCondition::IfPresent, true),
+                    false,
+                )
+                .await
+                .unwrap(),
+        );
+    }
     assert_eq!(results.len(), 100);
     assert!(
         results
@@ -434,7 +449,7 @@ async fn conditional_writes_answer_per_operation() {
     );
     refused(
         client
-            .write(round("y", WriteCondition::IfAbsent), true)
+            .write(round(&keys, "y", WriteCondition::IfAbsent, false), true)
             .await,
         "must keep its keys in one partition",
     );

@@ -98,7 +98,11 @@ async fn resp_on_every_node(nodes: &[Server]) {
     for node in nodes {
         let address = node.resp_address().expect("the RESP port is on");
         let client = redis::Client::open(format!("redis://{address}/")).unwrap();
-        connections.push(client.get_multiplexed_async_connection().await.unwrap());
+        // The client library's default gives up on an answer after 500 ms.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(60)));
+        let connection = client.get_multiplexed_async_connection_with_config(&config);
+        connections.push(connection.await.unwrap());
     }
     let keys: Vec<String> = (0..500).map(|i| format!("resp-{i}")).collect();
     let mut pipe = redis::pipe();

@@ -16,9 +16,16 @@ use support::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn connect(address: &str) -> MultiplexedConnection {
-    redis::Client::open(format!("redis://{address}/"))
-        .unwrap()
-        .get_multiplexed_async_connection()
+    connection(&redis::Client::open(format!("redis://{address}/")).unwrap()).await
+}
+
+/// A connection of its own, which waits as long as a busy test machine may need for an answer
+/// (the client library's default gives up after 500 ms).
+async fn connection(client: &redis::Client) -> MultiplexedConnection {
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap()
 }
@@ -98,6 +105,10 @@ const SCRIPT: &[(&str, &str)] = &[
     ("TTL k4", "100"),
     ("SET k5 v EXAT 4102444800", "OK"),
     (
+        "SET k5 v EXAT 18446744073709551",
+        "ERR invalid expire time in 'set' command",
+    ),
+    (
         "EXPIRETIME k5",
         "ERR unknown command 'EXPIRETIME', with args beginning with: 'k5'",
     ),
@@ -125,6 +136,17 @@ const SCRIPT: &[(&str, &str)] = &[
     ("EXPIRE k1 5 SOON", "ERR Unsupported option SOON"),
     ("PEXPIRE k1 100000", "1"),
     ("TTL k1", "100"),
+    ("EXPIRE k1 50 XX LT", "1"),
+    ("EXPIRE k1 500 XX GT", "1"),
+    ("TTL k1", "500"),
+    (
+        "EXPIRE k1 5 GT LT",
+        "ERR GT and LT options at the same time are not compatible",
+    ),
+    (
+        "EXPIRE k1 5 NX GT",
+        "ERR NX and XX, GT or LT options at the same time are not compatible",
+    ),
     ("EXPIREAT k1 4102444800", "1"),
     ("PEXPIREAT k1 1", "1"),
     ("EXISTS k1", "0"),
@@ -268,6 +290,43 @@ async fn every_command_answers_as_redis_does() {
     assert!(reply.contains("at most 1048576 bytes"), "{reply}");
     let reply = show(redis::cmd("GET").arg("").query_async(&mut c).await);
     assert!(reply.contains("empty key"), "{reply}");
+    // 20 values of 1 MiB: their presence is counted without reading them (the values alone
+    // would be past a read's bound), and 2,000 EXPIREs of one of them in one pipeline are quick.
+    let mut pipe = redis::pipe();
+    for i in 0..20 {
+        pipe.cmd("SET")
+            .arg(format!("big-{i}"))
+            .arg(&big_value[1..])
+            .ignore();
+    }
+    let () = pipe.query_async(&mut c).await.unwrap();
+    let present: usize = redis::cmd("EXISTS")
+        .arg((0..20).map(|i| format!("big-{i}")).collect::<Vec<_>>())
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(present, 20);
+    let mut pipe = redis::pipe();
+    for ttl in 0..2000 {
+        pipe.cmd("EXPIRE").arg("big-0").arg(1000 + ttl).ignore();
+    }
+    let () = pipe.query_async(&mut c).await.unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("big-0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!((2990..=3000).contains(&ttl), "{ttl}");
+    // Old values are asked for in shares an answer can hold.
+    let mut pipe = redis::pipe();
+    for i in 0..20 {
+        pipe.cmd("SET")
+            .arg(format!("big-{i}"))
+            .arg("small")
+            .arg("GET");
+    }
+    let old: Vec<Vec<u8>> = pipe.query_async(&mut c).await.unwrap();
+    assert!(old.iter().all(|v| v.len() == 1 << 20));
     // The connection is still usable after every refusal.
     assert_eq!(show(redis::cmd("PING").query_async(&mut c).await), "PONG");
     let info: String = redis::cmd("INFO").query_async(&mut c).await.unwrap();
@@ -289,11 +348,9 @@ async fn resp3_binary_keys_and_a_pipeline_of_ten_thousand() {
     let dir = tempfile::tempdir().unwrap();
     let (server, address) = start_cairn(dir.path());
     // RESP3 after HELLO 3: maps and RESP3 nulls, which the client reads as such.
-    let mut c3 = redis::Client::open(format!("redis://{address}/?protocol=resp3"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut c3 =
+        connection(&redis::Client::open(format!("redis://{address}/?protocol=resp3")).unwrap())
+            .await;
     let hello: Value = redis::cmd("HELLO")
         .arg(3)
         .query_async(&mut c3)
@@ -369,7 +426,7 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             // A connection of its own each, not one shared.
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let mut c = connection(&client).await;
             for j in 0..20 {
                 let _: () = redis::cmd("SET")
                     .arg(format!("c:{i}:{j}"))
@@ -391,7 +448,19 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
     }
 
     // Malformed frames: an error that says so, then the connection is closed.
+    // A million nested arrays: refused at the first nested one (the server may close before the
+    // client has sent it all, so the client may see a reset rather than the error).
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let _ = stream.write_all(&b"*1\r\n".repeat(1_000_000)).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("-ERR Protocol error"),
+        "{answer}"
+    );
     for garbage in [
+        b"*1\r\n*1\r\n$4\r\nPING\r\n",
         &b"*abc\r\n"[..],
         b"$5\r\nhello\r\n",
         b"*1\r\n$4\r\nPINGxx\r\n",
@@ -411,6 +480,20 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
             "{garbage:?}: {answer}"
         );
     }
+    // A HELLO that is refused changes nothing: the connection still speaks RESP2.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(b"*4\r\n$5\r\nHELLO\r\n$1\r\n3\r\n$7\r\nSETNAME\r\n$3\r\na b\r\n*2\r\n$3\r\nGET\r\n$7\r\nmissing\r\n*1\r\n$4\r\nQUIT\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("-ERR Client names cannot contain"),
+        "{answer}"
+    );
+    assert!(answer.contains("\r\n$-1\r\n+OK\r\n"), "{answer}");
     // A client that sends half a command and goes away.
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     stream
@@ -435,7 +518,7 @@ async fn set_nx_raced_by_many_connections_admits_each_key_once() {
     for racer in 0..16 {
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
-            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let mut c = connection(&client).await;
             let mut pipe = redis::pipe();
             for k in 0..keys {
                 pipe.cmd("SET")
@@ -491,7 +574,12 @@ async fn acknowledged_sets_survive_sigkill() {
                 let Ok(client) = redis::Client::open(format!("redis://{address}/")) else {
                     return acked;
                 };
-                let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(Duration::from_secs(60)));
+                let Ok(mut c) = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                else {
                     return acked;
                 };
                 let mut i = 0;

@@ -309,7 +309,56 @@ impl KeyValueService {
     }
 
     /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
-    /// per-key answers back in request order.
+    /// per-key answers back in request order: each key has its partition's answer or error. A
+    /// partition that cannot be routed to has an error; the others are still sent.
+    async fn scatter_each<T, F, Fut>(
+        &self,
+        keys: &[Bytes],
+        forwarded: bool,
+        per_partition: F,
+    ) -> Vec<Result<T, Status>>
+    where
+        F: Fn(Target, Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, Status>>,
+    {
+        let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+        let calls = groups.into_iter().map(|(pid, indices)| {
+            let call = self
+                .target(pid, forwarded)
+                .map(|target| per_partition(target, indices.clone()));
+            async move {
+                let answers = match call {
+                    Ok(call) => call.await,
+                    Err(status) => Err(status),
+                };
+                (indices, answers)
+            }
+        });
+        let mut out: Vec<Option<Result<T, Status>>> = (0..keys.len()).map(|_| None).collect();
+        for (indices, answers) in futures::future::join_all(calls).await {
+            match answers {
+                Ok(answers) => {
+                    for (index, answer) in indices.into_iter().zip(answers) {
+                        out[index] = Some(Ok(answer));
+                    }
+                }
+                Err(status) => {
+                    for index in indices {
+                        out[index] = Some(Err(status.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(Status::internal("a partition answered too few keys")))
+            })
+            .collect()
+    }
+
+    /// [`Self::scatter_each`] for a call that has one answer: every partition is routed before
+    /// any share is sent (a request that cannot be routed whole is refused whole), and the first
+    /// error, in request order, is the answer.
     async fn scatter<T, F, Fut>(
         &self,
         keys: &[Bytes],
@@ -317,36 +366,26 @@ impl KeyValueService {
         per_partition: F,
     ) -> Result<Vec<T>, Status>
     where
-        T: Clone + Default,
         F: Fn(Target, Vec<usize>) -> Fut,
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
-        let mut calls = Vec::with_capacity(groups.len());
-        for (pid, indices) in groups {
-            let target = self.target(pid, forwarded)?;
-            let call = per_partition(target, indices.clone());
-            calls.push(async move { (indices, call.await) });
+        for pid in groups.into_keys() {
+            self.target(pid, forwarded)?;
         }
-        let mut out = vec![T::default(); keys.len()];
-        for (indices, result) in futures::future::join_all(calls).await {
-            let answers = result?;
-            for (index, answer) in indices.into_iter().zip(answers) {
-                out[index] = answer;
-            }
-        }
-        Ok(out)
+        self.scatter_each(keys, forwarded, per_partition)
+            .await
+            .into_iter()
+            .collect()
     }
-}
 
-#[tonic::async_trait]
-impl v1::key_value_server::KeyValue for KeyValueService {
-    async fn put(
+    /// A put, checked, with each entry's answer: `Err` only if the request was refused before
+    /// any of it was sent (out of bounds).
+    pub(crate) async fn put_each(
         &self,
-        request: Request<v1::PutRequest>,
-    ) -> Result<Response<v1::PutResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
-        let entries = request.into_inner().entries;
+        entries: Vec<v1::Entry>,
+        forwarded: bool,
+    ) -> Result<Vec<Result<(), Status>>, Status> {
         validate::batch_len(entries.len())?;
         let mut total = 0;
         for (i, e) in entries.iter().enumerate() {
@@ -359,27 +398,107 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         let entries = &entries;
         let routes = &self.state.routes;
-        self.scatter(&keys, forwarded, |target, indices| async move {
-            match target {
-                Target::Local(partition) => {
-                    let mine = indices
-                        .iter()
-                        .map(|&i| PutEntry {
-                            key: entries[i].key.clone(),
-                            value: entries[i].value.clone(),
-                            ttl_ms: entries[i].ttl_ms,
-                        })
-                        .collect();
-                    partition.put(mine).await.map_err(status_of)?;
+        Ok(self
+            .scatter_each(&keys, forwarded, |target, indices| async move {
+                match target {
+                    Target::Local(partition) => {
+                        let mine = indices
+                            .iter()
+                            .map(|&i| PutEntry {
+                                key: entries[i].key.clone(),
+                                value: entries[i].value.clone(),
+                                ttl_ms: entries[i].ttl_ms,
+                            })
+                            .collect();
+                        partition.put(mine).await.map_err(status_of)?;
+                    }
+                    Target::Remote(address) => {
+                        let mine = indices.iter().map(|&i| entries[i].clone()).collect();
+                        routes.put(&address, mine).await?;
+                    }
                 }
-                Target::Remote(address) => {
-                    let mine = indices.iter().map(|&i| entries[i].clone()).collect();
-                    routes.put(&address, mine).await?;
-                }
+                Ok(vec![(); indices.len()])
+            })
+            .await)
+    }
+
+    /// A conditional write, checked, with each operation's result: `Err` only if the request was
+    /// refused before any of it was sent.
+    pub(crate) async fn write_each(
+        &self,
+        request: v1::WriteRequest,
+        forwarded: bool,
+    ) -> Result<Vec<Result<v1::WriteResult, Status>>, Status> {
+        let ops = validate::write_ops(&request.ops)?;
+        let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
+        if request.all_or_nothing {
+            let groups =
+                group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+            if groups.len() > 1 {
+                return Err(Status::invalid_argument(format!(
+                    "an all-or-nothing write must keep its keys in one partition; these {} keys \
+                     are in {} partitions, so it cannot be made atomic: send the keys one by one",
+                    keys.len(),
+                    groups.len()
+                )));
             }
-            Ok(vec![(); indices.len()])
-        })
-        .await?;
+        }
+        let (ops, wire, all_or_nothing) = (&ops, &request.ops, request.all_or_nothing);
+        let routes = &self.state.routes;
+        Ok(self
+            .scatter_each(&keys, forwarded, |target, indices| async move {
+                match target {
+                    Target::Local(partition) => {
+                        let mine = indices.iter().map(|&i| ops[i].clone()).collect();
+                        let results = partition
+                            .write(mine, all_or_nothing)
+                            .await
+                            .map_err(status_of)?;
+                        Ok(results
+                            .into_iter()
+                            .map(|r| v1::WriteResult {
+                                applied: r.applied,
+                                existed: r.existed,
+                                old_value: r.old,
+                            })
+                            .collect())
+                    }
+                    Target::Remote(address) => {
+                        let request = v1::WriteRequest {
+                            ops: indices.iter().map(|&i| wire[i].clone()).collect(),
+                            all_or_nothing,
+                        };
+                        routes.write(&address, request).await
+                    }
+                }
+            })
+            .await)
+    }
+
+    /// Refuses a request whole if any of its partitions cannot be routed to now, before any
+    /// share is sent.
+    fn routable(&self, keys: impl Iterator<Item = Bytes>, forwarded: bool) -> Result<(), Status> {
+        let keys: Vec<Bytes> = keys.collect();
+        let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
+        for pid in groups.into_keys() {
+            self.target(pid, forwarded)?;
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl v1::key_value_server::KeyValue for KeyValueService {
+    async fn put(
+        &self,
+        request: Request<v1::PutRequest>,
+    ) -> Result<Response<v1::PutResponse>, Status> {
+        let forwarded = crate::forward::forwarded(&request);
+        let entries = request.into_inner().entries;
+        self.routable(entries.iter().map(|e| e.key.clone()), forwarded)?;
+        for answer in self.put_each(entries, forwarded).await? {
+            answer?;
+        }
         Ok(Response::new(v1::PutResponse {}))
     }
 
@@ -491,50 +610,12 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::WriteResponse>, Status> {
         let forwarded = crate::forward::forwarded(&request);
         let request = request.into_inner();
-        let ops = validate::write_ops(&request.ops)?;
-        let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
-        if request.all_or_nothing {
-            let groups =
-                group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
-            if groups.len() > 1 {
-                return Err(Status::invalid_argument(format!(
-                    "an all-or-nothing write must keep its keys in one partition; these {} keys \
-                     are in {} partitions, so it cannot be made atomic: send the keys one by one",
-                    keys.len(),
-                    groups.len()
-                )));
-            }
-        }
-        let (ops, wire, all_or_nothing) = (&ops, &request.ops, request.all_or_nothing);
-        let routes = &self.state.routes;
+        self.routable(request.ops.iter().map(|op| op.key.clone()), forwarded)?;
         let results = self
-            .scatter(&keys, forwarded, |target, indices| async move {
-                match target {
-                    Target::Local(partition) => {
-                        let mine = indices.iter().map(|&i| ops[i].clone()).collect();
-                        let results = partition
-                            .write(mine, all_or_nothing)
-                            .await
-                            .map_err(status_of)?;
-                        Ok(results
-                            .into_iter()
-                            .map(|r| v1::WriteResult {
-                                applied: r.applied,
-                                existed: r.existed,
-                                old_value: r.old,
-                            })
-                            .collect())
-                    }
-                    Target::Remote(address) => {
-                        let request = v1::WriteRequest {
-                            ops: indices.iter().map(|&i| wire[i].clone()).collect(),
-                            all_or_nothing,
-                        };
-                        routes.write(&address, request).await
-                    }
-                }
-            })
-            .await?;
+            .write_each(request, forwarded)
+            .await?
+            .into_iter()
+            .collect::<Result<_, Status>>()?;
         Ok(Response::new(v1::WriteResponse { results }))
     }
 }

@@ -94,11 +94,23 @@ pub fn ttl_ok(ttl_ms: Option<u64>) -> Result<(), Status> {
     }
 }
 
+/// Operations of one conditional write that may ask for the old value: as many largest values as
+/// fit one answer.
+pub const RETURN_OLD_MAX: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
+
 /// The operations of a conditional write, checked and in the form the log records them.
 pub fn write_ops(ops: &[v1::WriteOp]) -> Result<Vec<WriteOp>, Status> {
     batch_len(ops.len())?;
     let mut total = 0usize;
     let mut out = Vec::with_capacity(ops.len());
+    let returning = ops.iter().filter(|op| op.return_old).count();
+    if returning > RETURN_OLD_MAX {
+        return Err(Status::invalid_argument(format!(
+            "{returning} operations ask for the old value; the limit is {RETURN_OLD_MAX} per \
+             request (each may be {VALUE_BYTES_MAX} bytes, and the answer must stay within \
+             {BATCH_BYTES_MAX} bytes), split it"
+        )));
+    }
     for (i, op) in ops.iter().enumerate() {
         key_ok(i, &op.key)?;
         total += op.key.len();
@@ -149,6 +161,7 @@ pub fn write_ops(ops: &[v1::WriteOp]) -> Result<Vec<WriteOp>, Status> {
             Ok(v1::WriteCondition::IfHasExpiry) => Condition::IfHasExpiry,
             Ok(v1::WriteCondition::IfLater) => Condition::IfLater,
             Ok(v1::WriteCondition::IfEarlier) => Condition::IfEarlier,
+            Ok(v1::WriteCondition::IfHasEarlierExpiry) => Condition::IfHasEarlierExpiry,
             Err(_) => {
                 return Err(Status::invalid_argument(format!(
                     "operation #{i} has condition {}, which this server does not know; upgrade it",

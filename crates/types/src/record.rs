@@ -11,7 +11,12 @@ use crate::{Epoch, NodeId};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+/// The version of records that every build since the first reads.
 pub const FORMAT_VERSION: u8 = 1;
+/// The version of records with a [`Command::Write`], which builds before it do not know: they
+/// refuse it as "upgrade Cairn" instead of taking it for a damaged record. Every other record
+/// keeps version 1, so that nodes of both builds read each other's during an upgrade.
+pub const FORMAT_VERSION_WRITE: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -123,6 +128,8 @@ pub enum Condition {
     IfLater,
     /// Present, and the new expiry is earlier than the current one (none counts as infinite).
     IfEarlier,
+    /// Present, with an expiry, and the new expiry is earlier than it.
+    IfHasEarlierExpiry,
 }
 
 /// What one [`WriteOp`] did.
@@ -148,7 +155,7 @@ pub enum DecodeError {
     #[error("empty log record")]
     Empty,
     #[error(
-        "log record format version {0} is not known to this build (it knows {FORMAT_VERSION}); upgrade Cairn"
+        "log record format version {0} is not known to this build (it knows {FORMAT_VERSION} and {FORMAT_VERSION_WRITE}); upgrade Cairn"
     )]
     UnknownVersion(u8),
     #[error("malformed log record: {0}")]
@@ -157,7 +164,11 @@ pub enum DecodeError {
 
 impl Envelope {
     pub fn encode(&self) -> Bytes {
-        let mut out = vec![FORMAT_VERSION];
+        let version = match self.command {
+            Command::Write { .. } => FORMAT_VERSION_WRITE,
+            _ => FORMAT_VERSION,
+        };
+        let mut out = vec![version];
         // Serialising plain data into a Vec cannot fail.
         let body = postcard::to_allocvec(self).expect("encode envelope");
         out.extend_from_slice(&body);
@@ -167,7 +178,9 @@ impl Envelope {
     pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
         match bytes.split_first() {
             None => Err(DecodeError::Empty),
-            Some((&FORMAT_VERSION, body)) => Ok(postcard::from_bytes(body)?),
+            Some((&(FORMAT_VERSION | FORMAT_VERSION_WRITE), body)) => {
+                Ok(postcard::from_bytes(body)?)
+            }
             Some((&other, _)) => Err(DecodeError::UnknownVersion(other)),
         }
     }
@@ -262,5 +275,23 @@ mod tests {
         let err = Envelope::decode(&[9, 0, 0]).unwrap_err();
         assert!(matches!(err, DecodeError::UnknownVersion(9)), "{err}");
         assert!(matches!(Envelope::decode(&[]), Err(DecodeError::Empty)));
+        // Only records that older builds cannot read carry the newer version.
+        let envelope = |command| Envelope {
+            header: Header {
+                epoch: Epoch(1),
+                timestamp_ms: 1,
+                origin: None,
+            },
+            command,
+        };
+        let put = envelope(Command::Delete { keys: vec![] }).encode();
+        assert_eq!(put[0], FORMAT_VERSION);
+        let write = envelope(Command::Write {
+            ops: vec![],
+            all_or_nothing: false,
+        })
+        .encode();
+        assert_eq!(write[0], FORMAT_VERSION_WRITE);
+        assert!(Envelope::decode(&write).is_ok());
     }
 }

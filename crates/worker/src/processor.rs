@@ -308,7 +308,38 @@ struct Run {
 
 /// Writes of the run so far, by key (`None`: deleted): what a later record of the same run that
 /// reads a key must see, since the store itself only sees them once the whole batch commits.
-type Overlay = HashMap<Bytes, Option<StoredValue>>;
+#[derive(Default)]
+struct Overlay {
+    values: HashMap<Bytes, Option<StoredValue>>,
+    /// Keys whose latest write in the run was a conditional one: written to the batch once, at
+    /// the end of the run, so that many operations on one key (10,000 `EXPIRE`s of a 1 MiB value)
+    /// write its value once rather than once each.
+    deferred: HashSet<Bytes>,
+}
+
+impl Overlay {
+    /// A write that went to the batch as it was applied.
+    fn written(&mut self, key: Bytes, state: Option<StoredValue>) {
+        self.deferred.remove(&key);
+        self.values.insert(key, state);
+    }
+
+    /// A write that goes to the batch at the end of the run.
+    fn defer(&mut self, key: Bytes, state: Option<StoredValue>) {
+        self.deferred.insert(key.clone());
+        self.values.insert(key, state);
+    }
+
+    /// Adds the deferred writes to `batch`, after everything else the run wrote.
+    fn write_deferred(&mut self, batch: &mut PartitionWriteBatch) {
+        for key in self.deferred.drain() {
+            match self.values.get(&key).cloned().flatten() {
+                Some(value) => batch.put(&key, &value.value, value.expires_at_ms),
+                None => batch.delete(&key),
+            }
+        }
+    }
+}
 
 /// The value `key` holds at `now_ms` as the run has left it so far: the run's own writes first,
 /// then what the store held before the run.
@@ -319,6 +350,7 @@ fn live_value(
     now_ms: u64,
 ) -> Option<StoredValue> {
     overlay
+        .values
         .get(key)
         .or_else(|| stored.get(key))
         .cloned()
@@ -358,43 +390,89 @@ fn condition_holds(op: &WriteOp, current: Option<&StoredValue>, now: u64) -> boo
         (Condition::IfHasExpiry, Some(v)) => v.expires_at_ms.is_some(),
         (Condition::IfLater, Some(v)) => later(new_expiry(), v.expires_at_ms),
         (Condition::IfEarlier, Some(v)) => later(v.expires_at_ms, new_expiry()),
+        (Condition::IfHasEarlierExpiry, Some(v)) => {
+            v.expires_at_ms.is_some() && later(v.expires_at_ms, new_expiry())
+        }
     }
 }
 
-/// Adds `op`'s effect on `current` to `batch` and `overlay`. An expiry at or before `now` deletes
-/// the key; changing the expiry of an absent key does nothing.
-fn apply_write_op(
-    op: &WriteOp,
-    current: Option<&StoredValue>,
-    now: u64,
-    batch: &mut PartitionWriteBatch,
-    overlay: &mut Overlay,
-) -> bool {
+/// What `op` leaves of the key over `current`: `None` if it does nothing (changing the expiry of
+/// an absent key), else the key's new state (`Some(None)`: deleted). An expiry at or before `now`
+/// deletes the key.
+fn effect(op: &WriteOp, current: Option<&StoredValue>, now: u64) -> Option<Option<StoredValue>> {
     let value = match &op.action {
         Action::Set { value, expiry } => Some(StoredValue {
             value: value.clone(),
             expires_at_ms: expiry_at(*expiry, now, current),
         }),
-        Action::Expire { expiry } => match current {
-            Some(current) => Some(StoredValue {
-                value: current.value.clone(),
-                expires_at_ms: expiry_at(*expiry, now, Some(current)),
-            }),
-            None => return false,
-        },
+        Action::Expire { expiry } => Some(StoredValue {
+            value: current?.value.clone(),
+            expires_at_ms: expiry_at(*expiry, now, current),
+        }),
         Action::Delete => None,
     };
-    match value.filter(|v| v.is_live_at(now)) {
-        Some(value) => {
-            batch.put(&op.key, &value.value, value.expires_at_ms);
-            overlay.insert(op.key.clone(), Some(value));
-        }
-        None => {
-            batch.delete(&op.key);
-            overlay.insert(op.key.clone(), None);
+    Some(value.filter(|v| v.is_live_at(now)))
+}
+
+/// Applies the operations of a [`Command::Write`] at `now` over what the run has left so far.
+/// With `all_or_nothing`, the conditions are checked against the state before the record and
+/// the operations are tried on a scratch copy of the keys they touch first: all of them apply,
+/// or none does.
+fn apply_write(
+    ops: &[WriteOp],
+    all_or_nothing: bool,
+    now: u64,
+    overlay: &mut Overlay,
+    stored: &HashMap<Bytes, Option<StoredValue>>,
+) -> Vec<WriteResult> {
+    if all_or_nothing {
+        let mut scratch: HashMap<&Bytes, Option<StoredValue>> = HashMap::new();
+        let all_apply = ops.iter().all(|op| {
+            let before = live_value(&op.key, overlay, stored, now);
+            let current = match scratch.get(&op.key) {
+                Some(state) => state.clone(),
+                None => before.clone(),
+            };
+            match effect(op, current.as_ref(), now) {
+                Some(state) if condition_holds(op, before.as_ref(), now) => {
+                    scratch.insert(&op.key, state);
+                    true
+                }
+                _ => false,
+            }
+        });
+        if !all_apply {
+            return ops
+                .iter()
+                .map(|op| {
+                    let current = live_value(&op.key, overlay, stored, now);
+                    WriteResult {
+                        applied: false,
+                        existed: current.is_some(),
+                        old: current.filter(|_| op.return_old).map(|v| v.value),
+                    }
+                })
+                .collect();
         }
     }
-    true
+    ops.iter()
+        .map(|op| {
+            let current = live_value(&op.key, overlay, stored, now);
+            let holds = all_or_nothing || condition_holds(op, current.as_ref(), now);
+            let applied = match effect(op, current.as_ref(), now) {
+                Some(state) if holds => {
+                    overlay.defer(op.key.clone(), state);
+                    true
+                }
+                _ => false,
+            };
+            WriteResult {
+                applied,
+                existed: current.is_some(),
+                old: current.filter(|_| op.return_old).map(|v| v.value),
+            }
+        })
+        .collect()
 }
 
 impl Run {
@@ -406,7 +484,7 @@ impl Run {
         let partition = self.shared.id;
         let (applied_before, time_before) = (self.applied, self.time);
         let mut batch = self.store.write_batch();
-        let mut overlay = Overlay::new();
+        let mut overlay = Overlay::default();
         // Decoded once: for the lookups ahead of the run and for applying.
         let decoded: Vec<Result<Envelope, DecodeError>> = entries
             .iter()
@@ -434,6 +512,7 @@ impl Run {
         // Also when the records changed nothing (insert-if-absent of keys already there, fenced
         // records): the applied LSN must move in the store too, or a trim up to what the
         // partition applied would leave the store behind the log's trim point after a restart.
+        overlay.write_deferred(&mut batch);
         if self.applied > applied_before {
             batch.set_applied_lsn(self.applied);
             if self.time != time_before {
@@ -567,7 +646,7 @@ impl Run {
                 for entry in entries {
                     let expiry = entry.ttl_ms.map(|t| now.saturating_add(t));
                     batch.put(&entry.key, &entry.value, expiry);
-                    overlay.insert(
+                    overlay.written(
                         entry.key,
                         Some(StoredValue {
                             value: entry.value,
@@ -581,7 +660,7 @@ impl Run {
                 self.time = now;
                 for key in keys {
                     batch.delete(&key);
-                    overlay.insert(key, None);
+                    overlay.written(key, None);
                 }
                 Ok(Outcome::Done)
             }
@@ -599,7 +678,7 @@ impl Run {
                         && live_value(&key, overlay, stored, now).is_none();
                     if absent {
                         batch.put(&key, &value, expiry);
-                        overlay.insert(
+                        overlay.written(
                             key,
                             Some(StoredValue {
                                 value: value.clone(),
@@ -616,28 +695,7 @@ impl Run {
                 all_or_nothing,
             } => {
                 self.time = now;
-                let all_hold = !all_or_nothing
-                    || ops.iter().all(|op| {
-                        condition_holds(op, live_value(&op.key, overlay, stored, now).as_ref(), now)
-                    });
-                let results = ops
-                    .iter()
-                    .map(|op| {
-                        let current = live_value(&op.key, overlay, stored, now);
-                        let applied = all_hold
-                            && (all_or_nothing || condition_holds(op, current.as_ref(), now))
-                            && apply_write_op(op, current.as_ref(), now, batch, overlay);
-                        WriteResult {
-                            applied,
-                            existed: current.is_some(),
-                            old: if op.return_old {
-                                current.map(|v| v.value)
-                            } else {
-                                None
-                            },
-                        }
-                    })
-                    .collect();
+                let results = apply_write(&ops, all_or_nothing, now, overlay, stored);
                 Ok(Outcome::Written(results))
             }
         };

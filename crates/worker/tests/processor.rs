@@ -491,6 +491,26 @@ async fn conditional_writes_are_decided_from_the_record() {
     );
     let results = n1.write(msetnx(&["m1", "m2"]), true).await.unwrap();
     assert!(results.iter().all(|r| r.applied), "{results:?}");
+    // All or nothing also when one operation undoes what another needs: none applies.
+    let results = n1
+        .write(
+            vec![
+                op("m1", Action::Delete, Condition::Always, false),
+                op(
+                    "m1",
+                    Action::Expire {
+                        expiry: Expiry::After(10),
+                    },
+                    Condition::IfPresent,
+                    false,
+                ),
+            ],
+            true,
+        )
+        .await
+        .unwrap();
+    assert!(results.iter().all(|r| !r.applied), "{results:?}");
+    assert_eq!(n1.get(&[key("m1")]).await.unwrap(), vec![Some(key("n"))]);
 
     let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
     for k in ["k", "a", "gone", "taken", "m1", "m2"] {

@@ -167,6 +167,10 @@ fn after(amount: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, 
     } else {
         (amount as u64).checked_mul(1000).ok_or_else(invalid)?
     };
+    // Beyond Cairn's bound, but said as Redis says it when the time overflows.
+    if ms > i64::MAX as u64 {
+        return Err(invalid());
+    }
     if ms > TTL_MS_MAX {
         return Err(Reply::error(format!(
             "ERR expire time of {ms} ms in '{command}' command: Cairn's limit is {TTL_MS_MAX} ms (10 years)"
@@ -185,12 +189,13 @@ fn at(at: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, Reply> 
             Ok(Expiry::At(0))
         };
     }
+    // Redis refuses a time whose milliseconds do not fit a signed 64-bit integer.
     let ms = if millis {
-        at as u64
+        at
     } else {
-        (at as u64).checked_mul(1000).ok_or_else(invalid)?
+        at.checked_mul(1000).ok_or_else(invalid)?
     };
-    Ok(Expiry::At(ms))
+    Ok(Expiry::At(ms as u64))
 }
 
 fn set_op(key: Bytes, value: Bytes, expiry: Expiry, condition: Condition, old: bool) -> WriteOp {
@@ -345,6 +350,41 @@ fn parse_known(name: &str, args: &[Bytes]) -> Result<Option<Command>, Reply> {
         }
         "expire" | "pexpire" | "expireat" | "pexpireat" => {
             arity(argc >= 3)?;
+            // Options first, as Redis reads them.
+            let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+            for option in &args[3..] {
+                match option.to_ascii_lowercase().as_slice() {
+                    b"nx" => nx = true,
+                    b"xx" => xx = true,
+                    b"gt" => gt = true,
+                    b"lt" => lt = true,
+                    _ => {
+                        return Err(Reply::error(format!(
+                            "ERR Unsupported option {}",
+                            String::from_utf8_lossy(option)
+                        )));
+                    }
+                }
+            }
+            if nx && (xx || gt || lt) {
+                return Err(Reply::error(
+                    "ERR NX and XX, GT or LT options at the same time are not compatible",
+                ));
+            }
+            if gt && lt {
+                return Err(Reply::error(
+                    "ERR GT and LT options at the same time are not compatible",
+                ));
+            }
+            let condition = match (nx, xx, gt, lt) {
+                (true, ..) => Condition::IfNoExpiry,
+                // A key without an expiry counts as expiring never, so GT never holds for it.
+                (_, _, true, _) => Condition::IfLater,
+                (_, true, _, true) => Condition::IfHasEarlierExpiry,
+                (_, false, _, true) => Condition::IfEarlier,
+                (_, true, ..) => Condition::IfHasExpiry,
+                _ => Condition::IfPresent,
+            };
             let amount = integer(&args[2])?;
             let millis = name.starts_with('p');
             let expiry = if name.ends_with("at") {
@@ -352,35 +392,10 @@ fn parse_known(name: &str, args: &[Bytes]) -> Result<Option<Command>, Reply> {
             } else {
                 after(amount, millis, name, false)?
             };
-            let mut condition = Condition::Always;
-            for option in &args[3..] {
-                let next = match option.to_ascii_lowercase().as_slice() {
-                    b"nx" => Condition::IfNoExpiry,
-                    b"xx" => Condition::IfHasExpiry,
-                    b"gt" => Condition::IfLater,
-                    b"lt" => Condition::IfEarlier,
-                    _ => {
-                        return Err(Reply::error(format!(
-                            "ERR Unsupported option {}",
-                            String::from_utf8_lossy(option)
-                        )));
-                    }
-                };
-                if condition != Condition::Always && condition != next {
-                    return Err(Reply::error(
-                        "ERR NX and XX, GT or LT options at the same time are not compatible",
-                    ));
-                }
-                condition = next;
-            }
             let op = WriteOp {
                 key: args[1].clone(),
                 action: Action::Expire { expiry },
-                condition: if condition == Condition::Always {
-                    Condition::IfPresent
-                } else {
-                    condition
-                },
+                condition,
                 return_old: false,
             };
             write(vec![op], false, WriteReply::Applied)
@@ -881,6 +896,18 @@ mod tests {
             "ERR NX and XX, GT or LT options at the same time are not compatible"
         );
         assert_eq!(refused("EXPIRE k 5 SOON"), "ERR Unsupported option SOON");
+        assert_eq!(
+            refused("EXPIRE k 5 GT LT"),
+            "ERR GT and LT options at the same time are not compatible"
+        );
+        let (_, Command::Write(write)) = parse(args("EXPIRE k 5 XX LT")) else {
+            panic!()
+        };
+        assert_eq!(write.ops[0].condition, Condition::IfHasEarlierExpiry);
+        assert_eq!(
+            refused("SET k v EXAT 18446744073709551"),
+            "ERR invalid expire time in 'set' command"
+        );
     }
 
     #[test]

@@ -5,10 +5,14 @@
 //! A connection reads whatever its client has sent (a pipeline, or one command), parses every
 //! complete command in it, and runs them as a few requests to the key-value service this node
 //! serves over gRPC: each maximal run of consecutive reads becomes one read, each run of
-//! consecutive writes one write. So a pipeline of 100 `SET`s costs what one put of 100 keys does,
-//! and the commands still take effect in the order they were sent: every write of a run is applied
-//! before the reads after it are made. The service splits each request by partition and forwards
-//! what this node does not lead, as it does for gRPC clients.
+//! consecutive writes one write. So a pipeline of 100 `SET`s costs what one put of 100 keys does.
+//! Replies keep the order of the commands, and every write of a run is applied before the reads
+//! after it are made; writes of one run to one partition apply in order, those to different
+//! partitions concurrently (as a Redis Cluster pipeline across slots does). The service splits
+//! each request by partition and forwards what this node does not lead, as it does for gRPC
+//! clients. Each command's reply comes from its own keys' partitions: one whose partitions
+//! answered differently says what was applied, and a run is never sent again once any of it was
+//! sent.
 //!
 //! # Decided by the state machine
 //! Commands that must read before they write (`SET … NX/XX/GET/KEEPTTL`, `EXPIRE`, `DEL`'s count,
@@ -28,7 +32,7 @@ use crate::service::KeyValueService;
 use bytes::{Bytes, BytesMut};
 use cairn_api::v1;
 use cairn_api::v1::key_value_server::KeyValue;
-use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX};
+use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX, VALUE_BYTES_MAX};
 use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use command::{COMMANDS, Command, CommandSpec, Connection, Read, ReadReply, Write, WriteReply};
 use reply::Reply;
@@ -131,26 +135,58 @@ struct ClientConnection {
     resp3: bool,
 }
 
+/// Replies on their way to the client: written out whenever a megabyte has gathered, so that a
+/// long pipeline of large values is not held in memory whole.
+struct Output<'a> {
+    stream: &'a mut TcpStream,
+    buffer: BytesMut,
+    /// The client went away: what is left to run is not worth running.
+    gone: bool,
+}
+
+/// Replies gathered before they are written out.
+const OUTPUT_FLUSH_BYTES: usize = 1 << 20;
+
+impl Output<'_> {
+    fn push(&mut self, reply: Reply, resp3: bool) {
+        reply.encode(resp3, &mut self.buffer);
+    }
+
+    async fn flush_if_full(&mut self) {
+        if self.buffer.len() >= OUTPUT_FLUSH_BYTES {
+            self.flush().await;
+        }
+    }
+
+    async fn flush(&mut self) {
+        if !self.buffer.is_empty() && !self.gone {
+            self.gone = self.stream.write_all(&self.buffer).await.is_err();
+        }
+        self.buffer.clear();
+    }
+}
+
 impl ClientConnection {
     async fn run(&mut self, mut stream: TcpStream) {
         let mut input = BytesMut::with_capacity(64 * 1024);
-        let mut output = BytesMut::with_capacity(64 * 1024);
         loop {
             let (commands, protocol_error) = decode(&mut input);
             let ran = !commands.is_empty();
+            let mut output = Output {
+                stream: &mut stream,
+                buffer: BytesMut::new(),
+                gone: false,
+            };
             let quit = ran && self.run_commands(commands, &mut output).await;
             if let Some(details) = &protocol_error {
                 // As Redis does: say why, then close, since nothing after it can be framed.
-                Reply::error(format!("ERR Protocol error: {details}"))
-                    .encode(self.resp3, &mut output);
+                output.push(
+                    Reply::error(format!("ERR Protocol error: {details}")),
+                    self.resp3,
+                );
             }
-            if !output.is_empty() {
-                if stream.write_all(&output).await.is_err() {
-                    return;
-                }
-                output.clear();
-            }
-            if quit || protocol_error.is_some() {
+            output.flush().await;
+            if quit || output.gone || protocol_error.is_some() {
                 return;
             }
             // A pipeline longer than one round leaves complete commands in the buffer.
@@ -165,16 +201,19 @@ impl ClientConnection {
         }
     }
 
-    /// Runs `commands` in order and appends their replies to `output`. Returns whether the
-    /// client asked to close the connection.
+    /// Runs `commands` in order and sends their replies to `output`. Returns whether the client
+    /// asked to close the connection.
     async fn run_commands(
         &mut self,
         commands: Vec<(&'static str, Command)>,
-        output: &mut BytesMut,
+        output: &mut Output<'_>,
     ) -> bool {
         let metrics = self.server.state.metrics.clone();
         let mut commands = commands.into_iter().peekable();
         while let Some((label, command)) = commands.next() {
+            if output.gone {
+                return true;
+            }
             let started = Instant::now();
             match command {
                 Command::Read(read) => {
@@ -185,8 +224,7 @@ impl ClientConnection {
                         }
                     }
                     let (labels, reads): (Vec<_>, Vec<_>) = run.into_iter().unzip();
-                    let replies = self.reads(&reads).await;
-                    self.answer(&labels, replies, started, output);
+                    self.reads(&labels, &reads, started, output).await;
                 }
                 Command::Write(write) if !write.all_or_nothing => {
                     let mut run = vec![(label, write)];
@@ -197,12 +235,11 @@ impl ClientConnection {
                         }
                     }
                     let (labels, writes): (Vec<_>, Vec<_>) = run.into_iter().unzip();
-                    let replies = self.writes(&writes).await;
-                    self.answer(&labels, replies, started, output);
+                    self.writes(&labels, &writes, started, output).await;
                 }
                 Command::Write(write) => {
-                    let replies = self.write_chunk(std::slice::from_ref(&write)).await;
-                    self.answer(&[label], replies, started, output);
+                    self.writes(&[label], std::slice::from_ref(&write), started, output)
+                        .await;
                 }
                 Command::Connection(Connection::Quit) => {
                     self.answer(&[label], vec![Reply::Ok], started, output);
@@ -214,65 +251,95 @@ impl ClientConnection {
                 }
                 Command::Refused(reply) => {
                     metrics.resp_command(label, started.elapsed());
-                    reply.encode(self.resp3, output);
+                    output.push(reply, self.resp3);
                 }
             }
+            output.flush_if_full().await;
         }
         false
     }
 
-    /// Encodes `replies` and counts the commands they answer, each as taking the whole run.
+    /// Sends `replies` and counts the commands they answer, each as taking the time since
+    /// `started`.
     fn answer(
         &self,
         labels: &[&'static str],
         replies: Vec<Reply>,
         started: Instant,
-        output: &mut BytesMut,
+        output: &mut Output<'_>,
     ) {
         let elapsed = started.elapsed();
         for label in labels {
             self.server.state.metrics.resp_command(label, elapsed);
         }
         for reply in replies {
-            reply.encode(self.resp3, output);
+            output.push(reply, self.resp3);
         }
     }
 
-    /// Replies to a run of reads, a request per chunk.
-    async fn reads(&self, run: &[Read]) -> Vec<Reply> {
-        let mut replies = Vec::with_capacity(run.len());
+    /// Answers a run of reads, a request per chunk.
+    async fn reads(
+        &self,
+        labels: &[&'static str],
+        run: &[Read],
+        started: Instant,
+        output: &mut Output<'_>,
+    ) {
+        let mut done = 0;
         for chunk in chunks(
             run,
             |r| r.keys.len(),
             |r| r.keys.iter().map(Bytes::len).sum(),
         ) {
-            match self.get(chunk).await {
-                Ok(answers) => replies.extend(answers),
+            let replies = match self.read(chunk).await {
+                Ok(replies) => replies,
                 // One command's failure (an answer too large) must not fail the others'.
                 Err(_) if chunk.len() > 1 => {
+                    let mut replies = Vec::with_capacity(chunk.len());
                     for read in chunk {
-                        let answer = self.get(std::slice::from_ref(read)).await;
+                        let answer = self.read(std::slice::from_ref(read)).await;
                         replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
                     }
+                    replies
                 }
-                Err(status) => replies.push(status_reply(&status)),
-            }
+                Err(status) => vec![status_reply(&status)],
+            };
+            self.answer(&labels[done..done + chunk.len()], replies, started, output);
+            done += chunk.len();
+            output.flush_if_full().await;
         }
-        replies
     }
 
-    async fn get(&self, chunk: &[Read]) -> Result<Vec<Reply>, Status> {
+    /// One request for `chunk`: only whether keys exist when that is all it asks, else values
+    /// (and expiries, for `TTL`).
+    async fn read(&self, chunk: &[Read]) -> Result<Vec<Reply>, Status> {
         let keys: Vec<Bytes> = chunk.iter().flat_map(|r| r.keys.iter().cloned()).collect();
-        let with_expiry = chunk
-            .iter()
-            .any(|r| matches!(r.reply, ReadReply::Ttl { .. }));
-        let values = self
-            .server
-            .kv
-            .get(Request::new(v1::GetRequest { keys, with_expiry }))
-            .await?
-            .into_inner()
-            .values;
+        let values: Vec<v1::MaybeValue> = if chunk.iter().all(|r| r.reply == ReadReply::Count) {
+            let exists = self
+                .server
+                .kv
+                .exists(Request::new(v1::ExistsRequest { keys }))
+                .await?
+                .into_inner()
+                .exists;
+            exists
+                .into_iter()
+                .map(|there| v1::MaybeValue {
+                    value: there.then(Bytes::new),
+                    expires_at_ms: None,
+                })
+                .collect()
+        } else {
+            let with_expiry = chunk
+                .iter()
+                .any(|r| matches!(r.reply, ReadReply::Ttl { .. }));
+            self.server
+                .kv
+                .get(Request::new(v1::GetRequest { keys, with_expiry }))
+                .await?
+                .into_inner()
+                .values
+        };
         let now_ms = now_ms();
         let mut values = values.into_iter();
         Ok(chunk
@@ -284,46 +351,54 @@ impl ClientConnection {
             .collect())
     }
 
-    /// Replies to a run of writes, a request per chunk.
-    async fn writes(&self, run: &[Write]) -> Vec<Reply> {
-        let mut replies = Vec::with_capacity(run.len());
+    /// Answers a run of writes, a request per chunk. A command that asks for old values counts
+    /// each as the largest value there can be, so that no answer outgrows a message.
+    async fn writes(
+        &self,
+        labels: &[&'static str],
+        run: &[Write],
+        started: Instant,
+        output: &mut Output<'_>,
+    ) {
         let op_bytes = |w: &Write| -> usize {
             w.ops
                 .iter()
                 .map(|op| {
-                    op.key.len()
-                        + match &op.action {
-                            Action::Set { value, .. } => value.len(),
-                            _ => 0,
-                        }
+                    let value = match &op.action {
+                        Action::Set { value, .. } => value.len(),
+                        _ => 0,
+                    };
+                    let old = if op.return_old { VALUE_BYTES_MAX } else { 0 };
+                    op.key.len() + value + old
                 })
                 .sum()
         };
+        let mut done = 0;
         for chunk in chunks(run, |w| w.ops.len(), op_bytes) {
-            replies.extend(self.write_chunk(chunk).await);
-        }
-        replies
-    }
-
-    async fn write_chunk(&self, chunk: &[Write]) -> Vec<Reply> {
-        match self.write(chunk).await {
-            Ok(replies) => replies,
-            // Refused before anything was written: each command alone, so that only the one at
-            // fault is refused.
-            Err(status) if status.code() == Code::InvalidArgument && chunk.len() > 1 => {
-                let mut replies = Vec::with_capacity(chunk.len());
-                for write in chunk {
-                    let answer = self.write(std::slice::from_ref(write)).await;
-                    replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
+            let replies = match self.write(chunk).await {
+                Ok(replies) => replies,
+                // Refused before any of it was sent: each command alone, so that only the one
+                // at fault is refused.
+                Err(_) if chunk.len() > 1 => {
+                    let mut replies = Vec::with_capacity(chunk.len());
+                    for write in chunk {
+                        let answer = self.write(std::slice::from_ref(write)).await;
+                        replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
+                    }
+                    replies
                 }
-                replies
-            }
-            // Some of it may have been written: every command of the chunk says so.
-            Err(status) => vec![status_reply(&status); chunk.len()],
+                Err(status) => vec![status_reply(&status)],
+            };
+            self.answer(&labels[done..done + chunk.len()], replies, started, output);
+            done += chunk.len();
+            output.flush_if_full().await;
         }
     }
 
+    /// One request for `chunk`, with a reply per command. `Err`: refused before any of it was
+    /// sent. A command whose keys' partitions answered differently says what was applied.
     async fn write(&self, chunk: &[Write]) -> Result<Vec<Reply>, Status> {
+        let kv = &self.server.kv;
         if chunk.iter().all(Write::is_plain_set) {
             let entries = chunk
                 .iter()
@@ -340,29 +415,35 @@ impl ClientConnection {
                     _ => None,
                 })
                 .collect();
-            self.server
-                .kv
-                .put(Request::new(v1::PutRequest { entries }))
-                .await?;
-            return Ok(vec![Reply::Ok; chunk.len()]);
+            let mut answers = kv.put_each(entries, false).await?.into_iter();
+            return Ok(chunk
+                .iter()
+                .map(|write| {
+                    let mine: Vec<Result<v1::WriteResult, Status>> = answers
+                        .by_ref()
+                        .take(write.ops.len())
+                        .map(|answer| {
+                            answer.map(|()| v1::WriteResult {
+                                applied: true,
+                                ..Default::default()
+                            })
+                        })
+                        .collect();
+                    command_reply(write.reply, mine)
+                })
+                .collect());
         }
         let request = v1::WriteRequest {
             ops: chunk.iter().flat_map(|w| &w.ops).map(wire).collect(),
             all_or_nothing: chunk.iter().any(|w| w.all_or_nothing),
         };
-        let results = self
-            .server
-            .kv
-            .write(Request::new(request))
-            .await?
-            .into_inner()
-            .results;
-        let mut results = results.into_iter();
+        let mut answers = kv.write_each(request, false).await?.into_iter();
         Ok(chunk
             .iter()
             .map(|write| {
-                let mine: Vec<v1::WriteResult> = results.by_ref().take(write.ops.len()).collect();
-                write_reply(write.reply, &mine)
+                let mine: Vec<Result<v1::WriteResult, Status>> =
+                    answers.by_ref().take(write.ops.len()).collect();
+                command_reply(write.reply, mine)
             })
             .collect())
     }
@@ -382,13 +463,14 @@ impl ClientConnection {
                         "WRONGPASS invalid username-password pair or user is disabled.",
                     );
                 }
-                if let Some(version) = version {
-                    self.resp3 = version == 3;
-                }
+                // Nothing changes unless all of it is accepted.
                 if let Some(name) = name
                     && let Err(reply) = self.set_name(name)
                 {
                     return reply;
+                }
+                if let Some(version) = version {
+                    self.resp3 = version == 3;
                 }
                 Reply::Map(vec![
                     (Reply::bulk("server"), Reply::bulk("cairn")),
@@ -421,7 +503,7 @@ impl ClientConnection {
             Connection::ClientGetName => self.name.clone().map_or(Reply::Nil, Reply::Bulk),
             Connection::ClientId => Reply::Int(self.id as i64),
             Connection::ClientIgnored => Reply::Ok,
-            Connection::Command(args) => command_reply(&args),
+            Connection::Command(args) => command_info(&args),
             Connection::ConfigGet => Reply::Map(Vec::new()),
             Connection::Info(sections) => Reply::Text(self.info(&sections).await),
             Connection::Auth(args) => match args.as_slice() {
@@ -534,6 +616,11 @@ impl ClientConnection {
 fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>) {
     let mut commands = Vec::new();
     while commands.len() < COMMANDS_PER_ROUND_MAX {
+        match command_frame_len(input) {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(details) => return (commands, Some(details)),
+        }
         match redis_protocol::resp2::decode::decode_bytes_mut(input) {
             Ok(Some((frame, _, _))) => match arguments(frame) {
                 Some(args) => commands.push(command::parse(args)),
@@ -558,6 +645,79 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>
         );
     }
     (commands, None)
+}
+
+/// Arguments of one command, at most: `MSET` of a request's worth of keys.
+const ARGUMENTS_MAX: usize = 2 * BATCH_KEYS_MAX + 8;
+
+/// How long the command frame at the start of `input` is, once it is all there (`None` before).
+/// A command is an array of bulk strings, the form every client sends; anything else is refused
+/// with Redis's words for it. The codec crate decodes the frame only once it is known to be one:
+/// its decoder follows nested arrays without a bound on their depth, so that a frame of a million
+/// nested arrays would overflow the stack.
+fn command_frame_len(input: &[u8]) -> Result<Option<usize>, String> {
+    /// The longest header line (`*N` or `$N`) there is.
+    const HEADER_MAX: usize = 32;
+    let header = |at: usize| -> Result<Option<(i64, usize)>, String> {
+        let rest = &input[at.min(input.len())..];
+        match rest.windows(2).position(|w| w == b"\r\n") {
+            Some(end) => {
+                let number = std::str::from_utf8(&rest[1..end])
+                    .ok()
+                    .and_then(|n| n.parse::<i64>().ok());
+                Ok(Some((number.unwrap_or(-1), at + end + 2)))
+            }
+            None if rest.len() > HEADER_MAX => Err("too big header line".to_string()),
+            None => Ok(None),
+        }
+    };
+    match input.first() {
+        None => return Ok(None),
+        Some(b'*') => {}
+        Some(&other) => {
+            return Err(format!(
+                "expected an array of bulk strings, got '{}'",
+                char::from(other).escape_default()
+            ));
+        }
+    }
+    let Some((count, mut at)) = header(0)? else {
+        return Ok(None);
+    };
+    if count < 1 {
+        return Err("invalid multibulk length".to_string());
+    }
+    if count as u64 > ARGUMENTS_MAX as u64 {
+        return Err(format!(
+            "a command of {count} arguments; Cairn takes at most {BATCH_KEYS_MAX} keys per command"
+        ));
+    }
+    for _ in 0..count {
+        match input.get(at) {
+            None => return Ok(None),
+            Some(b'$') => {}
+            Some(&other) => {
+                return Err(format!(
+                    "expected '$', got '{}'",
+                    char::from(other).escape_default()
+                ));
+            }
+        }
+        let Some((len, data)) = header(at)? else {
+            return Ok(None);
+        };
+        if len < 0 || len as u64 > FRAME_BYTES_MAX as u64 {
+            return Err("invalid bulk length".to_string());
+        }
+        at = data + len as usize + 2;
+        if at > input.len() {
+            return Ok(None);
+        }
+        if &input[at - 2..at] != b"\r\n" {
+            return Err("a bulk string longer than its length".to_string());
+        }
+    }
+    Ok(Some(at))
 }
 
 /// A command's arguments: a frame that is a non-empty array of strings.
@@ -618,11 +778,12 @@ fn read_reply(kind: ReadReply, values: Vec<v1::MaybeValue>, now_ms: u64) -> Repl
             }) => {
                 let left = at.saturating_sub(now_ms);
                 // Redis rounds seconds to the nearest.
-                Reply::Int(if millis {
+                let left = if millis {
                     left
                 } else {
                     left.saturating_add(500) / 1000
-                } as i64)
+                };
+                Reply::Int(i64::try_from(left).unwrap_or(i64::MAX))
             }
             Some(v1::MaybeValue { value: Some(_), .. }) => Reply::Int(-1),
             _ => Reply::Int(-2),
@@ -641,6 +802,37 @@ fn write_reply(kind: WriteReply, results: &[v1::WriteResult]) -> Reply {
             .map_or(Reply::Nil, Reply::Bulk),
         WriteReply::Applied => Reply::Int(i64::from(all_applied)),
         WriteReply::Existed => Reply::Int(results.iter().filter(|r| r.existed).count() as i64),
+    }
+}
+
+/// One write command's reply from its operations' answers. When some of its keys' partitions
+/// failed, the reply is an error that says whether any of it was applied.
+fn command_reply(kind: WriteReply, answers: Vec<Result<v1::WriteResult, Status>>) -> Reply {
+    let total = answers.len();
+    let mut results = Vec::with_capacity(total);
+    let mut failed: Option<Status> = None;
+    for answer in answers {
+        match answer {
+            Ok(result) => results.push(result),
+            // An unknown outcome outweighs any other failure: it is the one to report.
+            Err(status)
+                if failed.as_ref().is_none_or(|f| {
+                    f.code() != Code::DeadlineExceeded && status.code() == Code::DeadlineExceeded
+                }) =>
+            {
+                failed = Some(status)
+            }
+            Err(_) => {}
+        }
+    }
+    match failed {
+        None => write_reply(kind, &results),
+        Some(status) if results.is_empty() => status_reply(&status),
+        Some(status) => Reply::error(format!(
+            "ERR applied to {} of its {total} keys; the partitions of the others failed: {}",
+            results.len(),
+            status.message()
+        )),
     }
 }
 
@@ -686,6 +878,7 @@ fn wire(op: &WriteOp) -> v1::WriteOp {
         Condition::IfHasExpiry => v1::WriteCondition::IfHasExpiry,
         Condition::IfLater => v1::WriteCondition::IfLater,
         Condition::IfEarlier => v1::WriteCondition::IfEarlier,
+        Condition::IfHasEarlierExpiry => v1::WriteCondition::IfHasEarlierExpiry,
     };
     v1::WriteOp {
         key: op.key.clone(),
@@ -697,7 +890,7 @@ fn wire(op: &WriteOp) -> v1::WriteOp {
 
 /// `COMMAND`, `COMMAND COUNT`, `COMMAND LIST`, `COMMAND INFO` and `COMMAND DOCS`: enough for
 /// `redis-cli` and client libraries to know what is here.
-fn command_reply(args: &[Bytes]) -> Reply {
+fn command_info(args: &[Bytes]) -> Reply {
     let info = |c: &'static CommandSpec| {
         Reply::Array(vec![
             Reply::bulk(c.0),
@@ -757,5 +950,59 @@ fn command_reply(args: &[Bytes]) -> Reply {
             "ERR unknown subcommand '{}'. Try COMMAND HELP.",
             String::from_utf8_lossy(sub)
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(applied: bool) -> Result<v1::WriteResult, Status> {
+        Ok(v1::WriteResult {
+            applied,
+            existed: true,
+            old_value: None,
+        })
+    }
+
+    #[test]
+    fn a_command_that_failed_in_part_says_so() {
+        let unavailable = || Err(Status::unavailable("partition 3 is moving"));
+        let unknown = || Err(Status::deadline_exceeded("partition 4 stopped"));
+        assert_eq!(
+            command_reply(WriteReply::Existed, vec![ok(true), ok(true)]),
+            Reply::Int(2)
+        );
+        // Nothing of it was done: retry.
+        assert_eq!(
+            command_reply(WriteReply::OkOrNil, vec![unavailable(), unavailable()]),
+            Reply::error("TRYAGAIN partition 3 is moving")
+        );
+        // An unknown outcome is never reported as "nothing was done".
+        assert_eq!(
+            command_reply(WriteReply::OkOrNil, vec![unavailable(), unknown()]),
+            Reply::error("ERR the outcome is unknown, read the keys to know: partition 4 stopped")
+        );
+        let Reply::Error(message) =
+            command_reply(WriteReply::Existed, vec![ok(true), unavailable()])
+        else {
+            panic!()
+        };
+        assert!(
+            message.starts_with("ERR applied to 1 of its 2 keys"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn only_flat_arrays_of_bulk_strings_are_commands() {
+        assert_eq!(command_frame_len(b"*1\r\n$4\r\nPING\r\n"), Ok(Some(14)));
+        assert_eq!(command_frame_len(b"*2\r\n$3\r\nGET\r\n$1\r\n"), Ok(None));
+        assert!(command_frame_len(b"*1\r\n*1\r\n$4\r\nPING\r\n").is_err());
+        assert!(command_frame_len(b"*1\r\n$4\r\nPINGxx\r\n").is_err());
+        assert!(command_frame_len(b"*0\r\n").is_err());
+        assert!(command_frame_len(b"*99999999\r\n").is_err());
+        assert!(command_frame_len(b"$4\r\nPING\r\n").is_err());
+        assert!(command_frame_len(&[b'*'; 100]).is_err());
     }
 }
