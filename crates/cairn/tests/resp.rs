@@ -693,3 +693,47 @@ async fn redis_cli_works_against_cairn() {
     assert!(cli(&["INFO", "keyspace"], "").contains("db0:keys="));
     server.stop();
 }
+
+/// With the log in NATS, one partition's share of a write is one JetStream message, bounded by
+/// the server's `max_payload` (1 MiB). Two pipelined `SET`s of 600 KiB to one partition do not
+/// fit one message together; each fits alone, and each is accepted, as Redis would.
+#[tokio::test(flavor = "multi_thread")]
+async fn pipelined_large_values_on_a_nats_log_are_written_one_by_one() {
+    let nats_dir = tempfile::tempdir().unwrap();
+    let nats = cairn_metadata::test_util::NatsServer::start(nats_dir.path(), 0);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("cairn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
+             [nats]\nservers = [\"{}\"]\nreplicas = 1\n\
+             [worker.snapshots]\ndestination = \"{}\"\n",
+            nats.url(),
+            dir.path().join("repository").display()
+        ),
+    )
+    .unwrap();
+    let server = Server::start_with(
+        &dir.path().join("n1"),
+        &["--config", config.to_str().unwrap()],
+        &[],
+    );
+    let address = server.resp_address().expect("the RESP port is on");
+    let mut c = connect(&address).await;
+    let keys = support::keys_of_partition("large", 1, 2);
+    let value = vec![b'x'; 600 * 1024];
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.cmd("SET").arg(key).arg(&value);
+    }
+    let replies: Vec<Value> = pipe.query_async(&mut c).await.unwrap();
+    assert_eq!(replies, vec![Value::Okay, Value::Okay]);
+    let read: Vec<Vec<u8>> = redis::cmd("MGET")
+        .arg(&keys)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(read.iter().all(|v| *v == value));
+    server.stop();
+}

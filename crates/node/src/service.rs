@@ -386,15 +386,7 @@ impl KeyValueService {
         entries: Vec<v1::Entry>,
         forwarded: bool,
     ) -> Result<Vec<Result<(), Status>>, Status> {
-        validate::batch_len(entries.len())?;
-        let mut total = 0;
-        for (i, e) in entries.iter().enumerate() {
-            validate::key_ok(i, &e.key)?;
-            validate::value_ok(i, &e.value)?;
-            validate::ttl_ok(e.ttl_ms)?;
-            total += e.key.len() + e.value.len();
-        }
-        validate::batch_bytes(total)?;
+        validate::entries(&entries)?;
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         let entries = &entries;
         let routes = &self.state.routes;
@@ -495,6 +487,8 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::PutResponse>, Status> {
         let forwarded = crate::forward::forwarded(&request);
         let entries = request.into_inner().entries;
+        // Out of bounds first, then not routable: both before anything is sent.
+        validate::entries(&entries)?;
         self.routable(entries.iter().map(|e| e.key.clone()), forwarded)?;
         for answer in self.put_each(entries, forwarded).await? {
             answer?;
@@ -610,6 +604,8 @@ impl v1::key_value_server::KeyValue for KeyValueService {
     ) -> Result<Response<v1::WriteResponse>, Status> {
         let forwarded = crate::forward::forwarded(&request);
         let request = request.into_inner();
+        // Out of bounds first, then not routable: both before anything is sent.
+        validate::write_ops(&request.ops)?;
         self.routable(request.ops.iter().map(|op| op.key.clone()), forwarded)?;
         let results = self
             .write_each(request, forwarded)

@@ -19,6 +19,19 @@ pub fn keys(keys: &[Bytes]) -> Result<(), Status> {
     batch_bytes(total)
 }
 
+/// The entries of a put.
+pub fn entries(entries: &[v1::Entry]) -> Result<(), Status> {
+    batch_len(entries.len())?;
+    let mut total = 0;
+    for (i, e) in entries.iter().enumerate() {
+        key_ok(i, &e.key)?;
+        value_ok(i, &e.value)?;
+        ttl_ok(e.ttl_ms)?;
+        total += e.key.len() + e.value.len();
+    }
+    batch_bytes(total)
+}
+
 pub fn batch_len(n: usize) -> Result<(), Status> {
     if n == 0 {
         return Err(Status::invalid_argument(

@@ -32,7 +32,7 @@ use crate::service::KeyValueService;
 use bytes::{Bytes, BytesMut};
 use cairn_api::v1;
 use cairn_api::v1::key_value_server::KeyValue;
-use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX, VALUE_BYTES_MAX};
+use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX};
 use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use command::{COMMANDS, Command, CommandSpec, Connection, Read, ReadReply, Write, WriteReply};
 use reply::Reply;
@@ -286,26 +286,24 @@ impl ClientConnection {
         output: &mut Output<'_>,
     ) {
         let mut done = 0;
-        for chunk in chunks(
-            run,
-            |r| r.keys.len(),
-            |r| r.keys.iter().map(Bytes::len).sum(),
-        ) {
-            let replies = match self.read(chunk).await {
-                Ok(replies) => replies,
-                // One command's failure (an answer too large) must not fail the others'.
-                Err(_) if chunk.len() > 1 => {
-                    let mut replies = Vec::with_capacity(chunk.len());
-                    for read in chunk {
-                        let answer = self.read(std::slice::from_ref(read)).await;
-                        replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
-                    }
-                    replies
-                }
-                Err(status) => vec![status_reply(&status)],
-            };
-            self.answer(&labels[done..done + chunk.len()], replies, started, output);
+        let key_bytes = |r: &Read| r.keys.iter().map(Bytes::len).sum();
+        for chunk in chunks(run, |r| r.keys.len(), key_bytes, |_| 0) {
+            let labels = &labels[done..done + chunk.len()];
             done += chunk.len();
+            match self.read(chunk).await {
+                Ok(replies) => self.answer(labels, replies, started, output),
+                // One command's failure (an answer too large) must not fail the others'; each
+                // reply goes out as it comes, since together they were too large.
+                Err(_) if chunk.len() > 1 => {
+                    for (read, label) in chunk.iter().zip(labels) {
+                        let answer = self.read(std::slice::from_ref(read)).await;
+                        let replies = answer.unwrap_or_else(|s| vec![status_reply(&s)]);
+                        self.answer(&[label], replies, started, output);
+                        output.flush_if_full().await;
+                    }
+                }
+                Err(status) => self.answer(labels, vec![status_reply(&status)], started, output),
+            }
             output.flush_if_full().await;
         }
     }
@@ -351,8 +349,9 @@ impl ClientConnection {
             .collect())
     }
 
-    /// Answers a run of writes, a request per chunk. A command that asks for old values counts
-    /// each as the largest value there can be, so that no answer outgrows a message.
+    /// Answers a run of writes, a request per chunk. A chunk holds at most
+    /// [`OLD_VALUES_PER_REQUEST`] operations that return old values, so that no answer outgrows
+    /// a message.
     async fn writes(
         &self,
         labels: &[&'static str],
@@ -368,22 +367,46 @@ impl ClientConnection {
                         Action::Set { value, .. } => value.len(),
                         _ => 0,
                     };
-                    let old = if op.return_old { VALUE_BYTES_MAX } else { 0 };
-                    op.key.len() + value + old
+                    op.key.len() + value
                 })
                 .sum()
         };
+        let old_values = |w: &Write| w.ops.iter().filter(|op| op.return_old).count();
         let mut done = 0;
-        for chunk in chunks(run, |w| w.ops.len(), op_bytes) {
+        for chunk in chunks(run, |w| w.ops.len(), op_bytes, old_values) {
             let replies = match self.write(chunk).await {
-                Ok(replies) => replies,
+                Ok(answers) => {
+                    let mut replies = Vec::with_capacity(chunk.len());
+                    for (write, answers) in chunk.iter().zip(answers) {
+                        // Every partition of the command refused its share before writing it
+                        // (a record too large for the log, with others' commands in it): the
+                        // command alone may fit.
+                        let refused = |a: &Result<v1::WriteResult, Status>| {
+                            a.as_ref().is_err_and(|s| s.code() == Code::InvalidArgument)
+                        };
+                        let answers = if chunk.len() > 1 && answers.iter().all(refused) {
+                            match self.write(std::slice::from_ref(write)).await {
+                                Ok(mut alone) => alone.pop().unwrap_or_default(),
+                                Err(status) => vec![Err(status)],
+                            }
+                        } else {
+                            answers
+                        };
+                        replies.push(command_reply(write.reply, answers));
+                    }
+                    replies
+                }
                 // Refused before any of it was sent: each command alone, so that only the one
                 // at fault is refused.
                 Err(_) if chunk.len() > 1 => {
                     let mut replies = Vec::with_capacity(chunk.len());
                     for write in chunk {
-                        let answer = self.write(std::slice::from_ref(write)).await;
-                        replies.extend(answer.unwrap_or_else(|s| vec![status_reply(&s)]));
+                        replies.push(match self.write(std::slice::from_ref(write)).await {
+                            Ok(mut alone) => {
+                                command_reply(write.reply, alone.pop().unwrap_or_default())
+                            }
+                            Err(status) => status_reply(&status),
+                        });
                     }
                     replies
                 }
@@ -395,9 +418,12 @@ impl ClientConnection {
         }
     }
 
-    /// One request for `chunk`, with a reply per command. `Err`: refused before any of it was
-    /// sent. A command whose keys' partitions answered differently says what was applied.
-    async fn write(&self, chunk: &[Write]) -> Result<Vec<Reply>, Status> {
+    /// One request for `chunk`, with each command's answers (one per key). `Err`: refused before
+    /// any of it was sent.
+    async fn write(
+        &self,
+        chunk: &[Write],
+    ) -> Result<Vec<Vec<Result<v1::WriteResult, Status>>>, Status> {
         let kv = &self.server.kv;
         if chunk.iter().all(Write::is_plain_set) {
             let entries = chunk
@@ -429,7 +455,7 @@ impl ClientConnection {
                             })
                         })
                         .collect();
-                    command_reply(write.reply, mine)
+                    mine
                 })
                 .collect());
         }
@@ -440,11 +466,7 @@ impl ClientConnection {
         let mut answers = kv.write_each(request, false).await?.into_iter();
         Ok(chunk
             .iter()
-            .map(|write| {
-                let mine: Vec<Result<v1::WriteResult, Status>> =
-                    answers.by_ref().take(write.ops.len()).collect();
-                command_reply(write.reply, mine)
-            })
+            .map(|write| answers.by_ref().take(write.ops.len()).collect())
             .collect())
     }
 
@@ -720,6 +742,10 @@ fn command_frame_len(input: &[u8]) -> Result<Option<usize>, String> {
     Ok(Some(at))
 }
 
+/// Operations that return their old value in one request: half of what a request may carry, so
+/// that with the other commands' values an answer stays within a message.
+const OLD_VALUES_PER_REQUEST: usize = crate::validate::RETURN_OLD_MAX / 2;
+
 /// A command's arguments: a frame that is a non-empty array of strings.
 fn arguments(frame: redis_protocol::resp2::types::BytesFrame) -> Option<Vec<Bytes>> {
     use redis_protocol::resp2::types::BytesFrame as F;
@@ -741,17 +767,27 @@ fn arguments(frame: redis_protocol::resp2::types::BytesFrame) -> Option<Vec<Byte
 
 /// `items` cut into runs of at most one request's keys and half its bytes; an item larger than
 /// that is a run of its own (and the service refuses it with the bound).
-fn chunks<T>(items: &[T], keys: impl Fn(&T) -> usize, bytes: impl Fn(&T) -> usize) -> Vec<&[T]> {
+fn chunks<T>(
+    items: &[T],
+    keys: impl Fn(&T) -> usize,
+    bytes: impl Fn(&T) -> usize,
+    old_values: impl Fn(&T) -> usize,
+) -> Vec<&[T]> {
     let mut out = Vec::new();
-    let (mut start, mut chunk_keys, mut chunk_bytes) = (0, 0, 0);
+    let (mut start, mut chunk_keys, mut chunk_bytes, mut chunk_olds) = (0, 0, 0, 0);
     for (i, item) in items.iter().enumerate() {
-        let (k, b) = (keys(item), bytes(item));
-        if i > start && (chunk_keys + k > BATCH_KEYS_MAX || chunk_bytes + b > BATCH_BYTES_MAX / 2) {
+        let (k, b, o) = (keys(item), bytes(item), old_values(item));
+        if i > start
+            && (chunk_keys + k > BATCH_KEYS_MAX
+                || chunk_bytes + b > BATCH_BYTES_MAX / 2
+                || chunk_olds + o > OLD_VALUES_PER_REQUEST)
+        {
             out.push(&items[start..i]);
-            (start, chunk_keys, chunk_bytes) = (i, 0, 0);
+            (start, chunk_keys, chunk_bytes, chunk_olds) = (i, 0, 0, 0);
         }
         chunk_keys += k;
         chunk_bytes += b;
+        chunk_olds += o;
     }
     if start < items.len() {
         out.push(&items[start..]);
@@ -828,6 +864,12 @@ fn command_reply(kind: WriteReply, answers: Vec<Result<v1::WriteResult, Status>>
     match failed {
         None => write_reply(kind, &results),
         Some(status) if results.is_empty() => status_reply(&status),
+        Some(status) if status.code() == Code::DeadlineExceeded => Reply::error(format!(
+            "ERR applied to {} of its {total} keys; for the others the outcome is unknown, read \
+             them to know: {}",
+            results.len(),
+            status.message()
+        )),
         Some(status) => Reply::error(format!(
             "ERR applied to {} of its {total} keys; the partitions of the others failed: {}",
             results.len(),
