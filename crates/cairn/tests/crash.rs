@@ -147,18 +147,7 @@ async fn with_the_log_in_nats_acknowledged_writes_survive_sigkill_and_the_loss_o
     let nats_dir = tempfile::tempdir().unwrap();
     let nats = cairn_metadata::test_util::NatsServer::start(nats_dir.path(), 0);
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cairn.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
-             [nats]\nservers = [\"{}\"]\nreplicas = 1\n\
-             [worker.snapshots]\ndestination = \"{}\"\n",
-            nats.url(),
-            dir.path().join("repository").display()
-        ),
-    )
-    .unwrap();
+    let config = support::nats_log_config(dir.path(), &nats.url());
     let args = ["--config", config.to_str().unwrap()];
     let all = killed_mid_write(|| Server::start_with(&dir.path().join("n1"), &args, &[])).await;
 

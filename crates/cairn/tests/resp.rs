@@ -702,18 +702,7 @@ async fn pipelined_large_values_on_a_nats_log_are_written_one_by_one() {
     let nats_dir = tempfile::tempdir().unwrap();
     let nats = cairn_metadata::test_util::NatsServer::start(nats_dir.path(), 0);
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("cairn.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
-             [nats]\nservers = [\"{}\"]\nreplicas = 1\n\
-             [worker.snapshots]\ndestination = \"{}\"\n",
-            nats.url(),
-            dir.path().join("repository").display()
-        ),
-    )
-    .unwrap();
+    let config = support::nats_log_config(dir.path(), &nats.url());
     let server = Server::start_with(
         &dir.path().join("n1"),
         &["--config", config.to_str().unwrap()],

@@ -364,3 +364,20 @@ pub fn scrape(server: &Server) -> String {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response
 }
+
+/// A configuration file in `dir` for one node whose log and metadata are in the NATS server at
+/// `nats_url` (one replica), with its snapshot repository in `dir/repository`.
+pub fn nats_log_config(dir: &Path, nats_url: &str) -> PathBuf {
+    let config = dir.join("cairn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
+             [nats]\nservers = [\"{nats_url}\"]\nreplicas = 1\n\
+             [worker.snapshots]\ndestination = \"{}\"\n",
+            dir.join("repository").display()
+        ),
+    )
+    .unwrap();
+    config
+}
