@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and starts a complete single-node Cairn: data in ./cairn-data, gRPC on 127.0.0.1:5122.
+# Builds and starts a complete single-node Cairn: data in ./cairn-data, gRPC on 127.0.0.1:5122,
+# the Redis protocol on 127.0.0.1:6380.
 # Extra arguments go to `cairn` (e.g. --config cairn.toml). Installs build dependencies first,
 # and puts `cairnctl` on the PATH (a link in /usr/local/bin) so that any user of the machine can
 # run the README's `cairnctl …` commands.
