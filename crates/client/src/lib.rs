@@ -161,18 +161,9 @@ impl Client {
 
     /// Values in the order of `keys`; `None` for absent or expired keys.
     pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
-        let response = self
-            .kv
-            .clone()
-            .get(v1::GetRequest {
-                keys,
-                with_expiry: false,
-            })
-            .await
-            .map_err(|s| self.rpc(s))?;
-        Ok(response
-            .into_inner()
-            .values
+        Ok(self
+            .read(keys, false)
+            .await?
             .into_iter()
             .map(|v| v.value)
             .collect())
@@ -184,21 +175,22 @@ impl Client {
         &self,
         keys: Vec<Bytes>,
     ) -> Result<Vec<Option<(Bytes, Option<u64>)>>> {
-        let response = self
-            .kv
-            .clone()
-            .get(v1::GetRequest {
-                keys,
-                with_expiry: true,
-            })
-            .await
-            .map_err(|s| self.rpc(s))?;
-        Ok(response
-            .into_inner()
-            .values
+        Ok(self
+            .read(keys, true)
+            .await?
             .into_iter()
             .map(|v| v.value.map(|value| (value, v.expires_at_ms)))
             .collect())
+    }
+
+    async fn read(&self, keys: Vec<Bytes>, with_expiry: bool) -> Result<Vec<v1::MaybeValue>> {
+        let response = self
+            .kv
+            .clone()
+            .get(v1::GetRequest { keys, with_expiry })
+            .await
+            .map_err(|s| self.rpc(s))?;
+        Ok(response.into_inner().values)
     }
 
     /// Per operation, in order: what it did (see the `Write` call of the key-value service).

@@ -11,6 +11,7 @@ use cairn_api::v1::admin_client::AdminClient;
 use cairn_api::v1::key_value_client::KeyValueClient;
 use cairn_metadata::{MetadataStore, PartitionTable};
 use cairn_partition_store::StoredValue;
+use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use cairn_types::{NodeId, PartitionId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -205,4 +206,43 @@ fn from(address: &str, status: Status) -> Status {
         status.code(),
         format!("(forwarded to {address}) {}", status.message()),
     )
+}
+
+/// A conditional operation as a forwarded call carries it.
+pub fn wire_op(op: &WriteOp) -> v1::WriteOp {
+    use v1::expiry_spec::When;
+    let spec = |expiry: &Expiry| v1::ExpirySpec {
+        when: Some(match *expiry {
+            Expiry::Never => When::Never(v1::expiry_spec::Never {}),
+            Expiry::After(ms) => When::AfterMs(ms),
+            Expiry::At(at) => When::AtMs(at),
+            Expiry::Keep => When::Keep(v1::expiry_spec::Keep {}),
+        }),
+    };
+    let action = match &op.action {
+        Action::Set { value, expiry } => v1::write_op::Action::Set(v1::SetAction {
+            value: value.clone(),
+            expiry: Some(spec(expiry)),
+        }),
+        Action::Expire { expiry } => v1::write_op::Action::Expire(v1::ExpireAction {
+            expiry: Some(spec(expiry)),
+        }),
+        Action::Delete => v1::write_op::Action::Delete(v1::DeleteAction {}),
+    };
+    let condition = match op.condition {
+        Condition::Always => v1::WriteCondition::Always,
+        Condition::IfAbsent => v1::WriteCondition::IfAbsent,
+        Condition::IfPresent => v1::WriteCondition::IfPresent,
+        Condition::IfNoExpiry => v1::WriteCondition::IfNoExpiry,
+        Condition::IfHasExpiry => v1::WriteCondition::IfHasExpiry,
+        Condition::IfLater => v1::WriteCondition::IfLater,
+        Condition::IfEarlier => v1::WriteCondition::IfEarlier,
+        Condition::IfHasEarlierExpiry => v1::WriteCondition::IfHasEarlierExpiry,
+    };
+    v1::WriteOp {
+        key: op.key.clone(),
+        action: Some(action),
+        condition: condition as i32,
+        return_old: op.return_old,
+    }
 }

@@ -13,7 +13,7 @@ use cairn_partition_store::StoredValue;
 use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
 use cairn_types::limits::{BATCH_BYTES_MAX, VALUE_BYTES_MAX};
-use cairn_types::record::PutEntry;
+use cairn_types::record::{PutEntry, WriteOp};
 use cairn_types::{Lsn, PartitionId, partition_key};
 use cairn_worker::{Partition, RestoreStep, SnapshotProducer};
 use std::collections::BTreeMap;
@@ -369,61 +369,56 @@ impl KeyValueService {
         F: Fn(Target, Vec<usize>) -> Fut,
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
-        let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
-        for pid in groups.into_keys() {
-            self.target(pid, forwarded)?;
-        }
+        self.routable(keys, forwarded)?;
         self.scatter_each(keys, forwarded, per_partition)
             .await
             .into_iter()
             .collect()
     }
 
-    /// A put, checked, with each entry's answer: `Err` only if the request was refused before
-    /// any of it was sent (out of bounds).
+    /// A put of entries within the bounds (`validate::entries`), with each entry's answer.
     pub(crate) async fn put_each(
         &self,
+        keys: &[Bytes],
         entries: Vec<v1::Entry>,
         forwarded: bool,
-    ) -> Result<Vec<Result<(), Status>>, Status> {
-        validate::entries(&entries)?;
-        let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
+    ) -> Vec<Result<(), Status>> {
         let entries = &entries;
         let routes = &self.state.routes;
-        Ok(self
-            .scatter_each(&keys, forwarded, |target, indices| async move {
-                match target {
-                    Target::Local(partition) => {
-                        let mine = indices
-                            .iter()
-                            .map(|&i| PutEntry {
-                                key: entries[i].key.clone(),
-                                value: entries[i].value.clone(),
-                                ttl_ms: entries[i].ttl_ms,
-                            })
-                            .collect();
-                        partition.put(mine).await.map_err(status_of)?;
-                    }
-                    Target::Remote(address) => {
-                        let mine = indices.iter().map(|&i| entries[i].clone()).collect();
-                        routes.put(&address, mine).await?;
-                    }
+        self.scatter_each(keys, forwarded, |target, indices| async move {
+            match target {
+                Target::Local(partition) => {
+                    let mine = indices
+                        .iter()
+                        .map(|&i| PutEntry {
+                            key: entries[i].key.clone(),
+                            value: entries[i].value.clone(),
+                            ttl_ms: entries[i].ttl_ms,
+                        })
+                        .collect();
+                    partition.put(mine).await.map_err(status_of)?;
                 }
-                Ok(vec![(); indices.len()])
-            })
-            .await)
+                Target::Remote(address) => {
+                    let mine = indices.iter().map(|&i| entries[i].clone()).collect();
+                    routes.put(&address, mine).await?;
+                }
+            }
+            Ok(vec![(); indices.len()])
+        })
+        .await
     }
 
-    /// A conditional write, checked, with each operation's result: `Err` only if the request was
-    /// refused before any of it was sent.
+    /// A conditional write of operations within the bounds (`validate::ops_ok`), with each
+    /// operation's result: `Err` only if it was refused before any of it was sent (an
+    /// all-or-nothing write across partitions).
     pub(crate) async fn write_each(
         &self,
-        request: v1::WriteRequest,
+        ops: Vec<WriteOp>,
+        all_or_nothing: bool,
         forwarded: bool,
     ) -> Result<Vec<Result<v1::WriteResult, Status>>, Status> {
-        let ops = validate::write_ops(&request.ops)?;
         let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
-        if request.all_or_nothing {
+        if all_or_nothing {
             let groups =
                 group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
             if groups.len() > 1 {
@@ -435,7 +430,7 @@ impl KeyValueService {
                 )));
             }
         }
-        let (ops, wire, all_or_nothing) = (&ops, &request.ops, request.all_or_nothing);
+        let ops = &ops;
         let routes = &self.state.routes;
         Ok(self
             .scatter_each(&keys, forwarded, |target, indices| async move {
@@ -457,7 +452,10 @@ impl KeyValueService {
                     }
                     Target::Remote(address) => {
                         let request = v1::WriteRequest {
-                            ops: indices.iter().map(|&i| wire[i].clone()).collect(),
+                            ops: indices
+                                .iter()
+                                .map(|&i| crate::forward::wire_op(&ops[i]))
+                                .collect(),
                             all_or_nothing,
                         };
                         routes.write(&address, request).await
@@ -469,8 +467,7 @@ impl KeyValueService {
 
     /// Refuses a request whole if any of its partitions cannot be routed to now, before any
     /// share is sent.
-    fn routable(&self, keys: impl Iterator<Item = Bytes>, forwarded: bool) -> Result<(), Status> {
-        let keys: Vec<Bytes> = keys.collect();
+    fn routable(&self, keys: &[Bytes], forwarded: bool) -> Result<(), Status> {
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
         for pid in groups.into_keys() {
             self.target(pid, forwarded)?;
@@ -489,8 +486,9 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         let entries = request.into_inner().entries;
         // Out of bounds first, then not routable: both before anything is sent.
         validate::entries(&entries)?;
-        self.routable(entries.iter().map(|e| e.key.clone()), forwarded)?;
-        for answer in self.put_each(entries, forwarded).await? {
+        let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
+        self.routable(&keys, forwarded)?;
+        for answer in self.put_each(&keys, entries, forwarded).await {
             answer?;
         }
         Ok(Response::new(v1::PutResponse {}))
@@ -605,10 +603,11 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         let forwarded = crate::forward::forwarded(&request);
         let request = request.into_inner();
         // Out of bounds first, then not routable: both before anything is sent.
-        validate::write_ops(&request.ops)?;
-        self.routable(request.ops.iter().map(|op| op.key.clone()), forwarded)?;
+        let ops = validate::write_ops(&request.ops)?;
+        let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
+        self.routable(&keys, forwarded)?;
         let results = self
-            .write_each(request, forwarded)
+            .write_each(ops, request.all_or_nothing, forwarded)
             .await?
             .into_iter()
             .collect::<Result<_, Status>>()?;

@@ -113,51 +113,24 @@ pub const RETURN_OLD_MAX: usize = BATCH_BYTES_MAX / VALUE_BYTES_MAX;
 
 /// The operations of a conditional write, checked and in the form the log records them.
 pub fn write_ops(ops: &[v1::WriteOp]) -> Result<Vec<WriteOp>, Status> {
-    batch_len(ops.len())?;
-    let mut total = 0usize;
     let mut out = Vec::with_capacity(ops.len());
-    let returning = ops.iter().filter(|op| op.return_old).count();
-    if returning > RETURN_OLD_MAX {
-        return Err(Status::invalid_argument(format!(
-            "{returning} operations ask for the old value; the limit is {RETURN_OLD_MAX} per \
-             request (each may be {VALUE_BYTES_MAX} bytes, and the answer must stay within \
-             {BATCH_BYTES_MAX} bytes), split it"
-        )));
-    }
     for (i, op) in ops.iter().enumerate() {
-        key_ok(i, &op.key)?;
-        total += op.key.len();
-        let expiry = |spec: &Option<v1::ExpirySpec>, set: bool| -> Result<Expiry, Status> {
+        let expiry = |spec: &Option<v1::ExpirySpec>| {
             use v1::expiry_spec::When;
             match spec.as_ref().and_then(|s| s.when.as_ref()) {
-                None | Some(When::Never(_)) => Ok(Expiry::Never),
-                Some(When::Keep(_)) => Ok(Expiry::Keep),
-                Some(When::AtMs(at)) => Ok(Expiry::At(*at)),
-                // A set whose value expires as it is written is almost certainly a mistake; an
-                // expire of 0 ms is how a key is made to expire now.
-                Some(When::AfterMs(0)) if set => Err(Status::invalid_argument(format!(
-                    "operation #{i} sets a value that expires after 0 ms; give a positive \
-                     after_ms, or none for no expiry"
-                ))),
-                Some(When::AfterMs(ms)) if *ms > TTL_MS_MAX => {
-                    Err(Status::invalid_argument(format!(
-                        "operation #{i} expires after {ms} ms; the limit is {TTL_MS_MAX} ms (10 years)"
-                    )))
-                }
-                Some(When::AfterMs(ms)) => Ok(Expiry::After(*ms)),
+                None | Some(When::Never(_)) => Expiry::Never,
+                Some(When::Keep(_)) => Expiry::Keep,
+                Some(When::AtMs(at)) => Expiry::At(*at),
+                Some(When::AfterMs(ms)) => Expiry::After(*ms),
             }
         };
         let action = match &op.action {
-            Some(v1::write_op::Action::Set(set)) => {
-                value_ok(i, &set.value)?;
-                total += set.value.len();
-                Action::Set {
-                    value: set.value.clone(),
-                    expiry: expiry(&set.expiry, true)?,
-                }
-            }
+            Some(v1::write_op::Action::Set(set)) => Action::Set {
+                value: set.value.clone(),
+                expiry: expiry(&set.expiry),
+            },
             Some(v1::write_op::Action::Expire(expire)) => Action::Expire {
-                expiry: expiry(&expire.expiry, false)?,
+                expiry: expiry(&expire.expiry),
             },
             Some(v1::write_op::Action::Delete(_)) => Action::Delete,
             None => {
@@ -189,6 +162,50 @@ pub fn write_ops(ops: &[v1::WriteOp]) -> Result<Vec<WriteOp>, Status> {
             return_old: op.return_old,
         });
     }
-    batch_bytes(total)?;
+    ops_ok(&out)?;
     Ok(out)
+}
+
+/// The bounds of a conditional write's operations, whichever front end they came from.
+pub fn ops_ok(ops: &[WriteOp]) -> Result<(), Status> {
+    batch_len(ops.len())?;
+    let returning = ops.iter().filter(|op| op.return_old).count();
+    if returning > RETURN_OLD_MAX {
+        return Err(Status::invalid_argument(format!(
+            "{returning} operations ask for the old value; the limit is {RETURN_OLD_MAX} per \
+             request (each may be {VALUE_BYTES_MAX} bytes, and the answer must stay within \
+             {BATCH_BYTES_MAX} bytes), split it"
+        )));
+    }
+    let mut total = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        key_ok(i, &op.key)?;
+        total += op.key.len();
+        let (expiry, set) = match &op.action {
+            Action::Set { value, expiry } => {
+                value_ok(i, value)?;
+                total += value.len();
+                (*expiry, true)
+            }
+            Action::Expire { expiry } => (*expiry, false),
+            Action::Delete => continue,
+        };
+        match expiry {
+            // A set whose value expires as it is written is almost certainly a mistake; an
+            // expire of 0 ms is how a key is made to expire now.
+            Expiry::After(0) if set => {
+                return Err(Status::invalid_argument(format!(
+                    "operation #{i} sets a value that expires after 0 ms; give a positive \
+                     after_ms, or none for no expiry"
+                )));
+            }
+            Expiry::After(ms) if ms > TTL_MS_MAX => {
+                return Err(Status::invalid_argument(format!(
+                    "operation #{i} expires after {ms} ms; the limit is {TTL_MS_MAX} ms (10 years)"
+                )));
+            }
+            _ => {}
+        }
+    }
+    batch_bytes(total)
 }

@@ -33,7 +33,7 @@ use bytes::{Bytes, BytesMut};
 use cairn_api::v1;
 use cairn_api::v1::key_value_server::KeyValue;
 use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX};
-use cairn_types::record::{Action, Condition, Expiry, WriteOp};
+use cairn_types::record::{Action, Expiry, WriteOp};
 use command::{COMMANDS, Command, CommandSpec, Connection, Read, ReadReply, Write, WriteReply};
 use reply::Reply;
 use std::net::SocketAddr;
@@ -426,7 +426,7 @@ impl ClientConnection {
     ) -> Result<Vec<Vec<Result<v1::WriteResult, Status>>>, Status> {
         let kv = &self.server.kv;
         if chunk.iter().all(Write::is_plain_set) {
-            let entries = chunk
+            let entries: Vec<v1::Entry> = chunk
                 .iter()
                 .flat_map(|w| &w.ops)
                 .filter_map(|op| match &op.action {
@@ -441,7 +441,9 @@ impl ClientConnection {
                     _ => None,
                 })
                 .collect();
-            let mut answers = kv.put_each(entries, false).await?.into_iter();
+            crate::validate::entries(&entries)?;
+            let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
+            let mut answers = kv.put_each(&keys, entries, false).await.into_iter();
             return Ok(chunk
                 .iter()
                 .map(|write| {
@@ -459,11 +461,10 @@ impl ClientConnection {
                 })
                 .collect());
         }
-        let request = v1::WriteRequest {
-            ops: chunk.iter().flat_map(|w| &w.ops).map(wire).collect(),
-            all_or_nothing: chunk.iter().any(|w| w.all_or_nothing),
-        };
-        let mut answers = kv.write_each(request, false).await?.into_iter();
+        let ops: Vec<WriteOp> = chunk.iter().flat_map(|w| w.ops.iter().cloned()).collect();
+        crate::validate::ops_ok(&ops)?;
+        let all_or_nothing = chunk.iter().any(|w| w.all_or_nothing);
+        let mut answers = kv.write_each(ops, all_or_nothing, false).await?.into_iter();
         Ok(chunk
             .iter()
             .map(|write| answers.by_ref().take(write.ops.len()).collect())
@@ -888,45 +889,6 @@ fn status_reply(status: &Status) -> Reply {
             "ERR the outcome is unknown, read the keys to know: {message}"
         )),
         _ => Reply::error(format!("ERR {message}")),
-    }
-}
-
-/// A conditional operation as the key-value service takes it.
-fn wire(op: &WriteOp) -> v1::WriteOp {
-    use v1::expiry_spec::When;
-    let spec = |expiry: &Expiry| v1::ExpirySpec {
-        when: Some(match *expiry {
-            Expiry::Never => When::Never(v1::expiry_spec::Never {}),
-            Expiry::After(ms) => When::AfterMs(ms),
-            Expiry::At(at) => When::AtMs(at),
-            Expiry::Keep => When::Keep(v1::expiry_spec::Keep {}),
-        }),
-    };
-    let action = match &op.action {
-        Action::Set { value, expiry } => v1::write_op::Action::Set(v1::SetAction {
-            value: value.clone(),
-            expiry: Some(spec(expiry)),
-        }),
-        Action::Expire { expiry } => v1::write_op::Action::Expire(v1::ExpireAction {
-            expiry: Some(spec(expiry)),
-        }),
-        Action::Delete => v1::write_op::Action::Delete(v1::DeleteAction {}),
-    };
-    let condition = match op.condition {
-        Condition::Always => v1::WriteCondition::Always,
-        Condition::IfAbsent => v1::WriteCondition::IfAbsent,
-        Condition::IfPresent => v1::WriteCondition::IfPresent,
-        Condition::IfNoExpiry => v1::WriteCondition::IfNoExpiry,
-        Condition::IfHasExpiry => v1::WriteCondition::IfHasExpiry,
-        Condition::IfLater => v1::WriteCondition::IfLater,
-        Condition::IfEarlier => v1::WriteCondition::IfEarlier,
-        Condition::IfHasEarlierExpiry => v1::WriteCondition::IfHasEarlierExpiry,
-    };
-    v1::WriteOp {
-        key: op.key.clone(),
-        action: Some(action),
-        condition: condition as i32,
-        return_old: op.return_old,
     }
 }
 
