@@ -198,6 +198,21 @@ impl Append {
                 }
                 Err(error) => error,
             };
+            // No stream answered on the subject: one just created, or moving between servers,
+            // is not reachable from this server yet. Nothing was written; send it again.
+            if error.kind() == PublishErrorKind::StreamNotFound
+                && started.elapsed() < self.shared.options.append_deadline
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                match self.send().await {
+                    Ok(again) => {
+                        ack = again;
+                        continue;
+                    }
+                    Err(err) if !unanswered => return Err(err),
+                    Err(err) => warn!(log = %log_id, "sending an append again: {err}"),
+                }
+            }
             unanswered |= matches!(
                 error.kind(),
                 PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe
