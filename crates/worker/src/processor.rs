@@ -318,8 +318,18 @@ struct Overlay {
 }
 
 impl Overlay {
-    /// A write that went to the batch as it was applied.
-    fn written(&mut self, key: Bytes, state: Option<StoredValue>) {
+    /// A write that went to the batch as it was applied. Only keys that some record of the run
+    /// decides by (those in `stored`) are kept: no other record of the run reads the rest, and a
+    /// deferred write is only ever of such a key. So a run of plain puts keeps nothing here.
+    fn written(
+        &mut self,
+        key: Bytes,
+        state: Option<StoredValue>,
+        stored: &HashMap<Bytes, Option<StoredValue>>,
+    ) {
+        if !stored.contains_key(&key) {
+            return;
+        }
         self.deferred.remove(&key);
         self.values.insert(key, state);
     }
@@ -652,6 +662,7 @@ impl Run {
                             value: entry.value,
                             expires_at_ms: expiry,
                         }),
+                        stored,
                     );
                 }
                 Ok(Outcome::Done)
@@ -660,7 +671,7 @@ impl Run {
                 self.time = now;
                 for key in keys {
                     batch.delete(&key);
-                    overlay.written(key, None);
+                    overlay.written(key, None, stored);
                 }
                 Ok(Outcome::Done)
             }
@@ -684,6 +695,7 @@ impl Run {
                                 value: value.clone(),
                                 expires_at_ms: expiry,
                             }),
+                            stored,
                         );
                     }
                     inserted.push(absent);

@@ -329,6 +329,64 @@ async fn records_applied_together_see_each_others_writes() {
     f.stop().await;
 }
 
+/// Puts of keys that no record of the run reads, beside a conditional write that reads one put
+/// before it and a put after it that overrides the write: all in one run, each as if applied alone.
+#[tokio::test]
+async fn puts_in_a_run_with_conditional_writes_apply_in_record_order() {
+    let f = Fixture::new().await;
+    let (_stores, n1) = f.leading_n1(10).await;
+    let write = |ops: Vec<WriteOp>| Command::Write {
+        ops,
+        all_or_nothing: false,
+    };
+    let commands = [
+        Command::Put {
+            entries: [put("x", "1", None), put("y", "1", None)].concat(),
+        },
+        // Sees the put of x just before it; z is absent.
+        write(vec![
+            op("x", set("2", Expiry::Never), Condition::IfPresent, false),
+            op("z", set("w", Expiry::Never), Condition::IfAbsent, false),
+        ]),
+        // Overrides the conditional write of z, which must not be written after it.
+        Command::Put {
+            entries: put("z", "p", None),
+        },
+        // Nobody in the run reads u.
+        Command::Put {
+            entries: put("u", "3", None),
+        },
+    ];
+    let payloads = commands
+        .into_iter()
+        .map(|command| {
+            Envelope {
+                header: Header {
+                    epoch: Epoch(1),
+                    timestamp_ms: 10,
+                    origin: None,
+                },
+                command,
+            }
+            .encode()
+        })
+        .collect();
+    let tail = f.log.append(payloads).await.unwrap();
+    n1.wait_applied(tail).await.unwrap();
+    assert_eq!(
+        n1.get(&[key("x"), key("y"), key("z"), key("u")])
+            .await
+            .unwrap(),
+        vec![
+            Some(key("2")),
+            Some(key("1")),
+            Some(key("p")),
+            Some(key("3"))
+        ]
+    );
+    f.stop().await;
+}
+
 fn op(k: &str, action: Action, condition: Condition, return_old: bool) -> WriteOp {
     WriteOp {
         key: key(k),
