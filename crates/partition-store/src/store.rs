@@ -64,6 +64,8 @@ pub struct PartitionStoreManager {
     db: Arc<DB>,
     path: PathBuf,
     options: StoreOptions,
+    /// The one block cache of every partition's tables, `options.block_cache_bytes` in all.
+    block_cache: rust_rocksdb::Cache,
     /// Each partition's compaction filter state, created with its column family's options.
     expiries: Mutex<HashMap<PartitionId, Arc<Expiry>>>,
 }
@@ -102,6 +104,7 @@ impl PartitionStoreManager {
             vec![]
         };
         let mut expiries = HashMap::new();
+        let block_cache = rust_rocksdb::Cache::new_lru_cache(options.block_cache_bytes);
         let descriptors: Vec<_> = existing
             .iter()
             .filter(|name| name.as_str() != "default")
@@ -110,7 +113,10 @@ impl PartitionStoreManager {
                 if let Some(id) = partition_of_cf(name) {
                     expiries.insert(id, expiry.clone());
                 }
-                ColumnFamilyDescriptor::new(name, column_family_options(options, expiry))
+                ColumnFamilyDescriptor::new(
+                    name,
+                    column_family_options(options, &block_cache, expiry),
+                )
             })
             .collect();
         let db = DB::open_cf_descriptors(&db_options, path, descriptors).map_err(open_err)?;
@@ -118,6 +124,7 @@ impl PartitionStoreManager {
             db: Arc::new(db),
             path: path.to_path_buf(),
             options: options.clone(),
+            block_cache,
             expiries: Mutex::new(expiries),
         })
     }
@@ -127,7 +134,7 @@ impl PartitionStoreManager {
     fn new_cf_options(&self, id: PartitionId) -> Options {
         let expiry = Arc::new(Expiry::default());
         self.expiries_lock().insert(id, expiry.clone());
-        column_family_options(&self.options, expiry)
+        column_family_options(&self.options, &self.block_cache, expiry)
     }
 
     fn expiries_lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Arc<Expiry>>> {
@@ -248,12 +255,16 @@ impl PartitionStoreManager {
     }
 }
 
-fn column_family_options(options: &StoreOptions, expiry: Arc<Expiry>) -> Options {
+/// Options of a partition's column family. Every partition's tables share `block_cache`, so the
+/// node's block cache is `block_cache_bytes` however many partitions it holds.
+fn column_family_options(
+    options: &StoreOptions,
+    block_cache: &rust_rocksdb::Cache,
+    expiry: Arc<Expiry>,
+) -> Options {
     let mut block = BlockBasedOptions::default();
     block.set_format_version(options.format_version);
-    block.set_block_cache(&rust_rocksdb::Cache::new_lru_cache(
-        options.block_cache_bytes,
-    ));
+    block.set_block_cache(block_cache);
     block.set_bloom_filter(10.0, false);
     let mut cf = Options::default();
     cf.set_block_based_table_factory(&block);
@@ -1079,6 +1090,30 @@ mod tests {
         }
         manager.wait_for_background_work().unwrap();
         assert!(!store.compaction_in_progress().unwrap());
+    }
+
+    /// The node's block cache is one, whatever the number of partitions: a read of each
+    /// partition's tables goes through it (before, each column family had a cache of
+    /// `block_cache_bytes` of its own).
+    #[test]
+    fn every_partition_reads_through_the_one_block_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let mut usage = manager.block_cache.get_usage();
+        for id in [PartitionId(0), PartitionId(1), PartitionId(2)] {
+            let store = manager.open_or_create_partition(id).unwrap();
+            let mut batch = store.write_batch();
+            batch.put(b"k", &[7u8; 4096], None);
+            store.commit(batch).unwrap();
+            store.flush().unwrap();
+            assert!(store.get(b"k").unwrap().is_some());
+            let now = manager.block_cache.get_usage();
+            assert!(
+                now > usage,
+                "a read of partition {id} did not go through the node's block cache"
+            );
+            usage = now;
+        }
     }
 
     #[test]
