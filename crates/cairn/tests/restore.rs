@@ -531,16 +531,18 @@ async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
     ok(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
 
     // Writers keep going through the restore; they keep the keys the node acknowledged.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let acked_count = std::sync::Arc::new(AtomicUsize::new(0));
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let a = a.clone();
-            let stop = stop.clone();
+            let (stop, acked_count) = (stop.clone(), acked_count.clone());
             tokio::spawn(async move {
                 let client = client(&a).await;
                 let mut acked = Vec::new();
                 for key in keys_of_partition(&format!("during{w}"), 0, 100_000) {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if stop.load(Ordering::Relaxed) {
                         break;
                     }
                     let entry = PutEntry {
@@ -550,6 +552,7 @@ async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
                     };
                     if client.put(vec![entry]).await.is_ok() {
                         acked.push(key);
+                        acked_count.fetch_add(1, Ordering::Relaxed);
                     } else {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
@@ -558,7 +561,22 @@ async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Writes acknowledged before the restore and after it, however busy the machine is.
+    let acked_more = |more: usize| {
+        let acked_count = acked_count.clone();
+        async move {
+            let target = acked_count.load(Ordering::Relaxed) + more;
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while acked_count.load(Ordering::Relaxed) < target {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the writers did not get {more} more writes acknowledged within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    acked_more(50).await;
     let restore = {
         let a = a.clone();
         tokio::task::spawn_blocking(move || {
@@ -567,14 +585,14 @@ async fn an_online_restore_under_writes_loses_no_acknowledged_write() {
     };
     let out = ok(restore.await.unwrap());
     assert!(out.contains("Partition 0 restored from snapshot"), "{out}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    acked_more(50).await;
+    stop.store(true, Ordering::Relaxed);
     let mut acked = Vec::new();
     for writer in writers {
         acked.extend(writer.await.unwrap());
     }
     assert!(
-        acked.len() > 50,
+        acked.len() >= 100,
         "the writers made progress: {}",
         acked.len()
     );
