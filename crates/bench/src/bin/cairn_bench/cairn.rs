@@ -1,6 +1,6 @@
-//! Cairn's side: a node of its own in a temporary folder (gRPC on a free loopback port, no metrics
-//! port, so that it runs beside any Cairn node on the machine), started and waited for until every
-//! partition serves.
+//! Cairn's side: a node of its own in a temporary folder (gRPC and the Redis protocol on free
+//! loopback ports, no metrics port, so that it runs beside any Cairn node on the machine), started
+//! and waited for until every partition serves.
 
 use crate::Args;
 use crate::drive::{Connection, Workload};
@@ -23,12 +23,19 @@ impl Node {
             .await
             .context("create the Cairn node's temporary folder")?
             .context("create the Cairn node's temporary folder")?;
+        let mut partition_store = cairn_node::config::PartitionStoreConfig::default();
+        if let Some(bytes) = args.write_buffer_bytes {
+            partition_store.write_buffer_bytes = bytes;
+        }
         let config = cairn_node::Config {
+            partition_store,
             base_dir: dir.path().to_path_buf(),
             bind_address: "127.0.0.1:0".parse()?,
             num_partitions: args.partitions,
             metrics: cairn_node::config::MetricsConfig { bind_address: None },
-            resp: cairn_node::config::RespConfig { bind_address: None },
+            resp: cairn_node::config::RespConfig {
+                bind_address: Some("127.0.0.1:0".parse()?),
+            },
             ..cairn_node::Config::default()
         };
         let node = cairn_node::start(config)
@@ -48,6 +55,15 @@ impl Node {
             connections.push(Connection::Cairn(Box::new(connect(&self.address).await?)));
         }
         Ok(connections)
+    }
+
+    /// One connection per client to the node's Redis port, driven as Redis is.
+    pub async fn resp_connections(&self, clients: usize) -> anyhow::Result<Vec<Connection>> {
+        let address = self
+            .node
+            .resp_addr()
+            .context("the benchmark's Cairn node has no Redis port")?;
+        crate::redis::connections(&format!("redis://{address}/"), clients).await
     }
 
     /// A client for the node's admin calls.

@@ -65,13 +65,14 @@ impl Workload {
     }
 }
 
-/// The keys of request `seq` of client `client` in round `round`. Reads spread over the
+/// The keys of request `seq` of client `client` in pass `pass`. Reads spread over the
 /// `--read-keys` keys that [`read_key`] names and the run wrote beforehand; writes never repeat a
-/// key, also across rounds (a key insert-if-absent already inserted would not be fresh).
+/// key across passes (a key insert-if-absent already inserted would not be fresh), so each run
+/// against one server (a round, through one front end) is a pass of its own.
 fn request_keys(
     args: &Args,
     workload: Workload,
-    round: usize,
+    pass: usize,
     client: usize,
     seq: u64,
 ) -> Vec<Bytes> {
@@ -86,7 +87,7 @@ fn request_keys(
     }
     let tag = workload.tag();
     (0..n)
-        .map(|j| Bytes::from(format!("{tag}-r{round}-c{client}-{seq}-{j}")))
+        .map(|j| Bytes::from(format!("{tag}-p{pass}-c{client}-{seq}-{j}")))
         .collect()
 }
 
@@ -180,11 +181,12 @@ pub async fn write_read_keys(args: &Args, connection: &mut Connection) -> anyhow
     Ok(())
 }
 
-/// Runs `workload` on every connection for `--seconds` and hands the connections back.
+/// Runs `workload` on every connection for `--seconds`, with the keys of pass `pass`, and hands
+/// the connections back.
 pub async fn drive(
     args: &Args,
     workload: Workload,
-    round: usize,
+    pass: usize,
     connections: Vec<Connection>,
 ) -> anyhow::Result<(Figures, Vec<Connection>)> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +200,7 @@ pub async fn drive(
                 let mut recorder = Recorder::default();
                 let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let keys = request_keys(&args, workload, round, client, seq);
+                    let keys = request_keys(&args, workload, pass, client, seq);
                     let n = keys.len();
                     let sent = Instant::now();
                     connection.send(&args, workload, keys).await?;
@@ -255,10 +257,10 @@ mod tests {
         }
         let mut seen = std::collections::HashSet::new();
         for workload in Workload::ALL.into_iter().filter(|w| !w.reads()) {
-            for round in 1..=2 {
+            for pass in 1..=2 {
                 for client in 0..3 {
                     for seq in 0..5 {
-                        for key in request_keys(&args, workload, round, client, seq) {
+                        for key in request_keys(&args, workload, pass, client, seq) {
                             assert!(seen.insert(key.clone()), "{key:?} written twice");
                         }
                     }

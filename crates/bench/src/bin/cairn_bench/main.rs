@@ -1,8 +1,10 @@
 //! `cairn-bench`: what a user who needs a durable key-value store would compare, in one run on one
 //! machine. Six workloads (batched put, batched insert-if-absent, single-key put and
-//! insert-if-absent, get of 1 key and of `--batch` keys) through a Cairn node of its own (gRPC on
-//! loopback, log fsync, RocksDB apply) and, when `redis-server` is installed, through a Redis of
-//! its own that fsyncs every write (`appendfsync always`), with the same clients and shapes; beside
+//! insert-if-absent, get of 1 key and of `--batch` keys) through a Cairn node of its own (log
+//! fsync, RocksDB apply), once through its gRPC port with the Rust client and once through its
+//! Redis port with the Redis client and requests that Redis gets, and, when `redis-server` is
+//! installed, through a Redis of its own that fsyncs every write (`appendfsync always`), with the
+//! same clients and shapes; beside
 //! the batched put, raw RocksDB doing synced batched writes (keys in client order and in hash
 //! order). Prints keys/s and p50/p99 latency per request for each, and the ratios Cairn/Redis and
 //! batched put Cairn/raw RocksDB. Then a windowed deduplication run on a node of its own
@@ -54,6 +56,10 @@ struct Args {
     /// Partitions of the benchmarked Cairn node
     #[arg(long, default_value_t = 16)]
     partitions: u16,
+    /// Memtable size of each of the Cairn node's partitions (the node's
+    /// `[partition-store] write-buffer-bytes`); its default when not given
+    #[arg(long)]
+    write_buffer_bytes: Option<usize>,
     /// Keys written before the reads, which read them
     #[arg(long, default_value_t = 10_000)]
     read_keys: u64,
@@ -72,6 +78,28 @@ struct Args {
     /// The Redis server to compare with; skipped when it is not installed
     #[arg(long, default_value = "redis-server")]
     redis_server: String,
+    /// Cairn's front ends to drive, comma-separated: `grpc` (the Rust client) and `resp` (its
+    /// Redis port, with the same client and requests as Redis)
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = FrontEnd::ALL)]
+    front_ends: Vec<FrontEnd>,
+}
+
+/// A way into Cairn that the workloads are driven through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FrontEnd {
+    Grpc,
+    Resp,
+}
+
+impl FrontEnd {
+    const ALL: [FrontEnd; 2] = [FrontEnd::Grpc, FrontEnd::Resp];
+
+    fn name(self) -> &'static str {
+        match self {
+            FrontEnd::Grpc => "gRPC",
+            FrontEnd::Resp => "Redis port",
+        }
+    }
 }
 
 impl Args {
@@ -99,6 +127,10 @@ impl Args {
         anyhow::ensure!(
             self.ttl_secs > 0 && self.dedup_window_secs > 0,
             "--ttl-secs and --dedup-window-secs must be at least 1"
+        );
+        anyhow::ensure!(
+            !self.front_ends.is_empty(),
+            "--front-ends must name at least one of grpc, resp"
         );
         Ok(())
     }
@@ -138,10 +170,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Runs every workload `--rounds` times, interleaved (raw RocksDB if the batched put runs, then
-/// each workload on Cairn and right after on Redis), so that a noisy moment of the machine hits
-/// both sides alike.
+/// each workload on Cairn through each front end and right after on Redis), so that a noisy moment
+/// of the machine hits every side alike.
 /// Returns, per workload, the round of median throughput of each side.
-async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Option<[Figures; 2]>)> {
+async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<[Figures; 2]>)> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
     progress("Redis: starting a server");
@@ -173,21 +205,46 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Figures>, RedisRun, Opti
     };
     let [client_order, hash_order] = raw;
     let raw = (!client_order.is_empty()).then(|| [median(client_order), median(hash_order)]);
-    Ok((cairn.into_iter().map(median).collect(), redis, raw))
+    let cairn = cairn
+        .into_iter()
+        .map(|(front_end, runs)| Side {
+            front_end,
+            figures: runs.into_iter().map(median).collect(),
+        })
+        .collect();
+    Ok((cairn, redis, raw))
 }
 
-/// Per workload, every round's figures of Cairn and of Redis (none without Redis); and raw
-/// RocksDB's rounds, in client order and in hash order.
-type Rounds = (Vec<Vec<Figures>>, Vec<Vec<Figures>>, [Vec<Figures>; 2]);
+/// What Cairn achieved through one front end: per workload, the run of median throughput.
+struct Side {
+    front_end: FrontEnd,
+    figures: Vec<Figures>,
+}
+
+/// Per front end of Cairn and per workload, every round's figures; the same of Redis (none
+/// without Redis); and raw RocksDB's rounds, in client order and in hash order.
+type Rounds = (
+    Vec<(FrontEnd, Vec<Vec<Figures>>)>,
+    Vec<Vec<Figures>>,
+    [Vec<Figures>; 2],
+);
 
 async fn interleave(
     args: &Args,
     node: &cairn::Node,
     redis_server: Option<&redis::Server>,
 ) -> anyhow::Result<Rounds> {
-    let mut cairn_connections = node.connections(args.clients).await?;
+    let mut cairn_connections = Vec::new();
+    for &front_end in &args.front_ends {
+        let connections = match front_end {
+            FrontEnd::Grpc => node.connections(args.clients).await?,
+            FrontEnd::Resp => node.resp_connections(args.clients).await?,
+        };
+        cairn_connections.push(Some(connections));
+    }
     progress(&format!("Cairn: writing {} keys to read", args.read_keys));
-    drive::write_read_keys(args, &mut cairn_connections[0]).await?;
+    let first = cairn_connections[0].as_mut().expect("just made");
+    drive::write_read_keys(args, &mut first[0]).await?;
     let mut redis_connections = match redis_server {
         Some(server) => {
             let mut connections = server.connections(args.clients).await?;
@@ -201,8 +258,14 @@ async fn interleave(
     // Raw RocksDB is the batched put's baseline: it runs only beside that workload.
     let with_raw = args.workloads.contains(&Workload::PutBatch);
     let mut raw: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
-    let mut cairn: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
-    let mut redis: Vec<Vec<Figures>> = args.workloads.iter().map(|_| Vec::new()).collect();
+    let per_workload =
+        || -> Vec<Vec<Figures>> { args.workloads.iter().map(|_| Vec::new()).collect() };
+    let mut cairn: Vec<(FrontEnd, Vec<Vec<Figures>>)> = args
+        .front_ends
+        .iter()
+        .map(|&front_end| (front_end, per_workload()))
+        .collect();
+    let mut redis = per_workload();
     for round in 1..=args.rounds {
         let of = format!("round {round}/{}", args.rounds);
         for (order, runs) in [KeyOrder::Client, KeyOrder::Hashed]
@@ -221,10 +284,22 @@ async fn interleave(
             );
         }
         for (i, &workload) in args.workloads.iter().enumerate() {
-            progress(&format!("{of}: Cairn: {}", workload.name(args.batch)));
-            let (ran, back) = drive::drive(args, workload, round, cairn_connections).await?;
-            cairn[i].push(ran);
-            cairn_connections = back;
+            let sides = cairn.len();
+            for (side, ((front_end, runs), connections)) in
+                cairn.iter_mut().zip(&mut cairn_connections).enumerate()
+            {
+                progress(&format!(
+                    "{of}: Cairn ({}): {}",
+                    front_end.name(),
+                    workload.name(args.batch)
+                ));
+                // Both front ends write to the one node: each run writes keys of its own.
+                let pass = (round - 1) * sides + side + 1;
+                let sent = connections.take().expect("handed back after every run");
+                let (ran, back) = drive::drive(args, workload, pass, sent).await?;
+                runs[i].push(ran);
+                *connections = Some(back);
+            }
             if let Some(connections) = redis_connections.take() {
                 progress(&format!("{of}: Redis: {}", workload.name(args.batch)));
                 let (ran, back) = drive::drive(args, workload, round, connections).await?;
@@ -259,60 +334,76 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn print_report(args: &Args, cairn: &[Figures], redis: &RedisRun, raw: Option<&[Figures; 2]>) {
+fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Figures; 2]>) {
     match redis {
         RedisRun::Ran { version, .. } => println!(
             "Redis {version}: its own server on loopback, appendonly yes, appendfsync always; \
-             batches pipelined, reads with GET and MGET"
+             batches pipelined, reads with GET and MGET; Cairn's Redis port gets the same requests \
+             from the same client"
         ),
         RedisRun::Skipped(why) => println!("{why}"),
     }
     println!();
-    println!(
-        "{:<34} {:>12} {:>8} {:>8} | {:>12} {:>8} {:>8} | {:>11}",
-        "workload",
-        "Cairn keys/s",
-        "p50 ms",
-        "p99 ms",
-        "Redis keys/s",
-        "p50 ms",
-        "p99 ms",
-        "Cairn/Redis"
-    );
-    for (i, workload) in args.workloads.iter().enumerate() {
-        let (redis_columns, ratio) = match redis {
-            RedisRun::Ran { figures, .. } => (
-                columns(&figures[i]),
-                format!(
-                    "{:.2}",
-                    cairn[i].keys_per_second() / figures[i].keys_per_second()
-                ),
-            ),
-            RedisRun::Skipped(_) => (format!("{:>12} {:>8} {:>8}", "-", "-", "-"), "-".into()),
-        };
-        println!(
-            "{:<34} {} | {redis_columns} | {ratio:>11}",
-            workload.name(args.batch),
-            columns(&cairn[i])
+    let mut header = format!("{:<34}", "workload");
+    for side in cairn {
+        let name = format!("Cairn {}", side.front_end.name());
+        header += &format!(
+            " | {:>23} {:>8} {:>8}",
+            format!("{name} keys/s"),
+            "p50 ms",
+            "p99 ms"
         );
+    }
+    header += &format!(" | {:>12} {:>8} {:>8}", "Redis keys/s", "p50 ms", "p99 ms");
+    for side in cairn {
+        header += &format!(" | {:>16}", format!("{}/Redis", side.front_end.name()));
+    }
+    println!("{header}");
+    for (i, workload) in args.workloads.iter().enumerate() {
+        let mut line = format!("{:<34}", workload.name(args.batch));
+        for side in cairn {
+            line += &format!(" | {:>11}{}", "", columns(&side.figures[i]));
+        }
+        match redis {
+            RedisRun::Ran { figures, .. } => {
+                line += &format!(" | {}", columns(&figures[i]));
+                for side in cairn {
+                    let ratio = side.figures[i].keys_per_second() / figures[i].keys_per_second();
+                    line += &format!(" | {ratio:>16.2}");
+                }
+            }
+            RedisRun::Skipped(_) => {
+                line += &format!(" | {:>12} {:>8} {:>8}", "-", "-", "-");
+                for _ in cairn {
+                    line += &format!(" | {:>16}", "-");
+                }
+            }
+        }
+        println!("{line}");
     }
     let Some(raw) = raw else {
         return;
     };
     for (order, figures) in [KeyOrder::Client, KeyOrder::Hashed].into_iter().zip(raw) {
         println!(
-            "{:<34} {}",
+            "{:<34}   {:>11}{}",
             format!("raw RocksDB, batches, {}", raw_name(order)),
+            "",
             columns(figures)
         );
     }
     if let Some(i) = args.workloads.iter().position(|w| *w == Workload::PutBatch) {
         println!();
-        println!(
-            "batched put, Cairn/raw RocksDB: {:.2} (keys in hash order, as Cairn stores them: {:.2})",
-            cairn[i].keys_per_second() / raw[0].keys_per_second(),
-            cairn[i].keys_per_second() / raw[1].keys_per_second()
-        );
+        for side in cairn {
+            let put = side.figures[i].keys_per_second();
+            println!(
+                "batched put through Cairn's {}, Cairn/raw RocksDB: {:.2} (keys in hash order, \
+                 as Cairn stores them: {:.2})",
+                side.front_end.name(),
+                put / raw[0].keys_per_second(),
+                put / raw[1].keys_per_second()
+            );
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Redis's side: a `redis-server` of its own on a free loopback port, in a temporary folder, with
 //! every write fsynced before its answer (`--appendonly yes --appendfsync always`, no RDB saves),
-//! driven with the same shapes as Cairn: batches as pipelines, reads as `GET` and `MGET`.
+//! driven with the same shapes as Cairn: batches as pipelines, reads as `GET` and `MGET`. The same
+//! requests drive Cairn's Redis port, so that both servers meet one client.
 
 use crate::Args;
 use crate::drive::{Connection, Workload};
@@ -97,22 +98,12 @@ impl Server {
     }
 
     async fn connect(&self) -> anyhow::Result<MultiplexedConnection> {
-        let client = redis::Client::open(self.url.as_str()).context("parse Redis's address")?;
-        let config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .with_context(|| format!("connect to Redis at {}", self.url))
+        connect(&self.url).await
     }
 
     /// One connection per client, as independent clients would have.
     pub async fn connections(&self, clients: usize) -> anyhow::Result<Vec<Connection>> {
-        let mut connections = Vec::with_capacity(clients);
-        for _ in 0..clients {
-            connections.push(Connection::Redis(self.connect().await?));
-        }
-        Ok(connections)
+        connections(&self.url, clients).await
     }
 
     async fn log(&self) -> String {
@@ -120,6 +111,27 @@ impl Server {
             .await
             .unwrap_or_else(|e| format!("(no log: {e})"))
     }
+}
+
+/// A connection to the server that speaks the Redis protocol at `url` (Redis, or Cairn's Redis
+/// port).
+async fn connect(url: &str) -> anyhow::Result<MultiplexedConnection> {
+    let client = redis::Client::open(url).context("parse a Redis-protocol address")?;
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .with_context(|| format!("connect to the Redis protocol at {url}"))
+}
+
+/// `clients` connections to the Redis-protocol server at `url`, one per client, as independent
+/// clients would have.
+pub async fn connections(url: &str, clients: usize) -> anyhow::Result<Vec<Connection>> {
+    let mut connections = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        connections.push(Connection::Redis(connect(url).await?));
+    }
+    Ok(connections)
 }
 
 /// One request of `workload`, checked: every insert inserted, every read key found.
