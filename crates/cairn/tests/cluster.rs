@@ -7,12 +7,17 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, RoutingClient};
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::test_util::NatsCluster;
-use cairn_metadata::{ArchivedHistory, Observed, get_typed};
+use cairn_metadata::{
+    ArchivedHistory, Observed, PartitionTable, Precondition, get_typed, put_typed,
+};
 use cairn_snapshots::test_util::moto;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::{Server, assert_keys_there, cairnctl, created_id, fails, ok, put_keys, run_cairn};
+use support::{
+    Server, assert_keys_there, cairnctl, created_id, fails, keys_of_partition, ok, put_keys,
+    run_cairn, value_for,
+};
 
 const NODES: usize = 3;
 const PARTITIONS: usize = 16;
@@ -510,4 +515,108 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
         "{follower} restored partition {partition} from the repository:\n{}",
         back.output()
     );
+}
+
+/// Puts `keys` (with [`value_for`] values) through a client that routes by itself.
+async fn put_routed(client: &RoutingClient, keys: &[String]) {
+    let entries = keys
+        .iter()
+        .map(|key| cairn_client::PutEntry {
+            key: Bytes::from(key.clone()),
+            value: value_for(key),
+            ttl: None,
+        })
+        .collect();
+    client.put(entries).await.unwrap();
+}
+
+/// The row of partition `partition` in `partitions list`: (LEADER, STATUS).
+fn leader_and_status(table: &str, partition: u16) -> Option<(String, String)> {
+    table.lines().skip(1).find_map(|line| {
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        (columns.first() == Some(&partition.to_string().as_str())).then(|| {
+            (
+                columns[2].to_string(),
+                columns.last().unwrap_or(&"").to_string(),
+            )
+        })
+    })
+}
+
+/// A leadership moved by a change of the intent (what failover and scaling will write): a client
+/// that routes by itself still sends the partition's keys to the old leader, which refuses them
+/// instead of forwarding them; the client reads the table again and they land on the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_routing_client_follows_a_leader_the_intent_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = NatsCluster::start(&dir.path().join("nats"));
+    let config = cluster_config(dir.path(), &nats);
+    let nodes: Vec<Server> = (1..=NODES)
+        .map(|i| start_node(dir.path(), &config, &format!("n{i}")))
+        .collect();
+    let address = nodes[0].address.clone();
+    wait_until_serving(&address);
+    const MOVED: u16 = 3;
+    let client = RoutingClient::connect(&address, &ClientOptions::default())
+        .await
+        .unwrap();
+    let before = keys_of_partition("before-the-move", MOVED, 50);
+    put_routed(&client, &before).await;
+    let routes_before = client.table_version();
+
+    // The intent: partition 3 led by its follower, followed by its old leader.
+    let metadata = NatsMetadataStore::connect(&NatsMetadataOptions {
+        servers: nats.urls(),
+        bucket: "cairn-cairn".into(),
+        replicas: 3,
+    })
+    .await
+    .unwrap();
+    let (version, mut table) =
+        get_typed::<PartitionTable>(&metadata, PartitionTable::KEY, "partition table")
+            .await
+            .unwrap()
+            .expect("the cluster placed its partitions");
+    let placement = table
+        .partitions
+        .get_mut(&cairn_types::PartitionId(MOVED))
+        .unwrap();
+    let old = placement.leader.clone().unwrap();
+    let new = placement.followers[0].clone();
+    placement.leader = Some(new.clone());
+    placement.followers = vec![old.clone()];
+    put_typed(
+        &metadata,
+        PartitionTable::KEY,
+        &table,
+        Precondition::MatchesVersion(version),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = ok(cairnctl(&address, &["partitions", "list"]));
+        if leader_and_status(&listed, MOVED) == Some((new.0.clone(), "active".into())) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{new} does not lead partition {MOVED} 60 s after the intent said so:\n{listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The client's routes still name the old leader: it is refused there, reads the table again,
+    // and the keys land on the new one.
+    let after = keys_of_partition("after-the-move", MOVED, 50);
+    put_routed(&client, &after).await;
+    assert!(
+        client.table_version() > routes_before,
+        "the client kept its routes of version {routes_before}: {old} forwarded its keys instead \
+         of refusing them"
+    );
+    for node in &nodes {
+        assert_keys_there(&node.address, &before).await;
+        assert_keys_there(&node.address, &after).await;
+    }
 }

@@ -83,6 +83,10 @@ pub struct Client {
     request_timeout: Duration,
     kv: KeyValueClient<Channel>,
     admin: AdminClient<Channel>,
+    /// Whether its key-value calls say that they come from a client that routes by itself
+    /// ([`cairn_api::ROUTED_HEADER`]): the node then refuses what it does not lead instead of
+    /// forwarding it.
+    routed: bool,
 }
 
 impl Client {
@@ -110,7 +114,27 @@ impl Client {
                 .max_encoding_message_size(MESSAGE_BYTES_MAX),
             address,
             request_timeout: options.request_timeout,
+            routed: false,
         })
+    }
+
+    /// This connection, for a client that routes by itself: its key-value calls carry
+    /// [`cairn_api::ROUTED_HEADER`].
+    pub(crate) fn routed(mut self) -> Client {
+        self.routed = true;
+        self
+    }
+
+    /// A key-value call's request, marked when this client routes by itself.
+    fn kv_request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if self.routed {
+            request.metadata_mut().insert(
+                cairn_api::ROUTED_HEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
+        request
     }
 
     pub fn address(&self) -> &str {
@@ -153,7 +177,7 @@ impl Client {
         };
         self.kv
             .clone()
-            .put(request)
+            .put(self.kv_request(request))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(())
@@ -187,7 +211,7 @@ impl Client {
         let response = self
             .kv
             .clone()
-            .get(v1::GetRequest { keys, with_expiry })
+            .get(self.kv_request(v1::GetRequest { keys, with_expiry }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().values)
@@ -202,10 +226,10 @@ impl Client {
         let response = self
             .kv
             .clone()
-            .write(v1::WriteRequest {
+            .write(self.kv_request(v1::WriteRequest {
                 ops,
                 all_or_nothing,
-            })
+            }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().results)
@@ -214,7 +238,7 @@ impl Client {
     pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
         self.kv
             .clone()
-            .delete(v1::DeleteRequest { keys })
+            .delete(self.kv_request(v1::DeleteRequest { keys }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(())
@@ -224,7 +248,7 @@ impl Client {
         let response = self
             .kv
             .clone()
-            .exists(v1::ExistsRequest { keys })
+            .exists(self.kv_request(v1::ExistsRequest { keys }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().exists)
@@ -240,11 +264,11 @@ impl Client {
         let response = self
             .kv
             .clone()
-            .insert_if_absent(v1::InsertIfAbsentRequest {
+            .insert_if_absent(self.kv_request(v1::InsertIfAbsentRequest {
                 keys,
                 value,
                 ttl_ms: ttl_ms(ttl)?,
-            })
+            }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().inserted)

@@ -3,9 +3,13 @@
 //!
 //! It learns the partition table (leader per partition, and the table's version) and the nodes'
 //! addresses from one node, keeps a connection per leader, splits every request by leader and
-//! merges the answers in request order. A share answered `UNAVAILABLE` (a node that no longer
-//! leads the partition, or is taking it over: nothing of it was done) is sent again, alone, once
-//! the table was read anew, up to [`ATTEMPTS`] times: shares that succeeded are never sent twice.
+//! merges the answers in request order. Its calls to leaders say that they are routed
+//! ([`cairn_api::ROUTED_HEADER`]), so a node that does not lead a share's partitions (it lost
+//! them, or the table this client holds is older than the node's) refuses it instead of
+//! forwarding it. A share answered `UNAVAILABLE` (such a refusal, or a node taking the partition
+//! over: nothing of it was done) is sent again, alone, once the table was read anew, up to
+//! [`ATTEMPTS`] times: shares that succeeded are never sent twice. Partitions whose leader it
+//! cannot reach go through the seed node, which forwards them.
 //! An insert-if-absent is split by partition, not by node, so that its answer for each key is
 //! what its one accepted attempt did. A share whose outcome is unknown (`DEADLINE_EXCEEDED`) is
 //! never sent again.
@@ -104,7 +108,10 @@ impl RoutingClient {
                     let client = match known.get(&normalized) {
                         Some(client) => Some(client.clone()),
                         // A leader that cannot be reached now is reached through the seed.
-                        None => Client::connect(address, &self.options).await.ok(),
+                        None => Client::connect(address, &self.options)
+                            .await
+                            .ok()
+                            .map(Client::routed),
                     };
                     connected.insert(normalized, client.clone());
                     client

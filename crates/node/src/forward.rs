@@ -1,7 +1,8 @@
 //! Routes in a cluster: which node leads each partition, and calls forwarded to it over the same
 //! gRPC port clients use. A forwarded call carries [`FORWARDED`], and a node never forwards such
 //! a call again: a node that does not lead the partition either answers `UNAVAILABLE`, so routes
-//! that disagree for a moment (a leadership change) cost a retry, never a loop.
+//! that disagree for a moment (a leadership change) cost a retry, never a loop. Calls of a client
+//! that routes by itself are not forwarded either: refused, it reads the routes again.
 
 use crate::cluster;
 use bytes::Bytes;
@@ -26,9 +27,12 @@ pub const FORWARDED: &str = "cairn-forwarded";
 /// forwarding node can still say what happened.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(12);
 
-/// Whether `request` was forwarded by another node.
-pub fn forwarded<T>(request: &Request<T>) -> bool {
-    request.metadata().contains_key(FORWARDED)
+/// Whether `request` is to be served here or refused, never forwarded: another node forwarded it,
+/// or a client that routes by itself sent it ([`cairn_api::ROUTED_HEADER`]); refused, such a
+/// client reads the partition table again and sends the call to the leader it names.
+pub fn not_to_forward<T>(request: &Request<T>) -> bool {
+    let metadata = request.metadata();
+    metadata.contains_key(FORWARDED) || metadata.contains_key(cairn_api::ROUTED_HEADER)
 }
 
 /// The leader of each partition and its address, as this node last learned them.

@@ -219,7 +219,7 @@ impl KeyValueService {
             Some((leader, _)) => Err(Status::unavailable(format!(
                 "partition {id} is led by node {leader}, {}; retry shortly",
                 if forwarded {
-                    "and the node that forwarded this request thought it was this one (leadership is changing)"
+                    "and the node or routing client that sent this request here took this node for its leader (leadership is changing): read the partition table again and retry"
                 } else {
                     "whose address this node does not know yet"
                 }
@@ -482,7 +482,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::PutRequest>,
     ) -> Result<Response<v1::PutResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let entries = request.into_inner().entries;
         // Out of bounds first, then not routable: both before anything is sent.
         validate::entries(&entries)?;
@@ -498,7 +498,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::GetResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let v1::GetRequest { keys, with_expiry } = request.into_inner();
         validate::keys(&keys)?;
         let answer = Answer::Values {
@@ -524,7 +524,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::DeleteRequest>,
     ) -> Result<Response<v1::DeleteResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
         let keys_ref = &keys;
@@ -545,7 +545,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::ExistsRequest>,
     ) -> Result<Response<v1::ExistsResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let keys = request.into_inner().keys;
         validate::keys(&keys)?;
         // Only presence is answered, so no bound on the values read.
@@ -562,7 +562,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::InsertIfAbsentRequest>,
     ) -> Result<Response<v1::InsertIfAbsentResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let request = request.into_inner();
         validate::keys(&request.keys)?;
         validate::value_ok(0, &request.value)?;
@@ -600,7 +600,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         &self,
         request: Request<v1::WriteRequest>,
     ) -> Result<Response<v1::WriteResponse>, Status> {
-        let forwarded = crate::forward::forwarded(&request);
+        let forwarded = crate::forward::not_to_forward(&request);
         let request = request.into_inner();
         // Out of bounds first, then not routable: both before anything is sent.
         let ops = validate::write_ops(&request.ops)?;
@@ -641,7 +641,7 @@ impl AdminService {
         partition_id: u32,
         request: &Request<T>,
     ) -> Result<Option<String>, Status> {
-        if !self.state.config.cluster_mode() || crate::forward::forwarded(request) {
+        if !self.state.config.cluster_mode() || crate::forward::not_to_forward(request) {
             return Ok(None);
         }
         let slot = self.slot(partition_id)?;
@@ -899,7 +899,7 @@ impl v1::admin_server::Admin for AdminService {
             .into_iter()
             .map(|s| self.partition_info(s))
             .collect();
-        if self.state.config.cluster_mode() && !crate::forward::forwarded(&_request) {
+        if self.state.config.cluster_mode() && !crate::forward::not_to_forward(&_request) {
             self.leaders_say(&mut partitions).await;
         }
         Ok(Response::new(v1::ListPartitionsResponse {
