@@ -44,6 +44,17 @@ fn cluster_config(dir: &Path, nats: &NatsCluster) -> PathBuf {
     path
 }
 
+/// The cluster's metadata store in NATS, as its nodes see it.
+async fn cluster_metadata(nats: &NatsCluster) -> NatsMetadataStore {
+    NatsMetadataStore::connect(&NatsMetadataOptions {
+        servers: nats.urls(),
+        bucket: "cairn-cairn".into(),
+        replicas: 3,
+    })
+    .await
+    .unwrap()
+}
+
 const AWS: [(&str, &str); 2] = [
     ("AWS_ACCESS_KEY_ID", "cairn-test-key"),
     ("AWS_SECRET_ACCESS_KEY", "cairn-test-secret"),
@@ -288,13 +299,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
         .unwrap_or_else(|| panic!("{id} not listed:\n{listed}"));
     assert!(row.contains(leader.as_str()), "taken by {leader}: {row}");
     // What the snapshot covers is in the metadata store, for whichever node leads next.
-    let metadata = NatsMetadataStore::connect(&NatsMetadataOptions {
-        servers: nats.urls(),
-        bucket: "cairn-cairn".into(),
-        replicas: 3,
-    })
-    .await
-    .unwrap();
+    let metadata = cluster_metadata(&nats).await;
     let (_, history) = get_typed::<ArchivedHistory>(
         &metadata,
         &ArchivedHistory::key(cairn_types::PartitionId(partition as u16)),
@@ -565,13 +570,7 @@ async fn a_routing_client_follows_a_leader_the_intent_moved() {
     let routes_before = client.table_version();
 
     // The intent: partition 3 led by its follower, followed by its old leader.
-    let metadata = NatsMetadataStore::connect(&NatsMetadataOptions {
-        servers: nats.urls(),
-        bucket: "cairn-cairn".into(),
-        replicas: 3,
-    })
-    .await
-    .unwrap();
+    let metadata = cluster_metadata(&nats).await;
     let (version, mut table) =
         get_typed::<PartitionTable>(&metadata, PartitionTable::KEY, "partition table")
             .await

@@ -111,6 +111,29 @@ fn put(key: &str, value: &str, ttl_ms: Option<u64>) -> Vec<PutEntry> {
     }]
 }
 
+/// Appends `commands` as records of epoch 1 at time 10 in one append, so that the processor
+/// applies them as one run; returns the LSN of the last.
+async fn append_epoch_1(
+    log: &Arc<dyn Loglet>,
+    commands: impl IntoIterator<Item = Command>,
+) -> cairn_types::Lsn {
+    let payloads = commands
+        .into_iter()
+        .map(|command| {
+            Envelope {
+                header: Header {
+                    epoch: Epoch(1),
+                    timestamp_ms: 10,
+                    origin: None,
+                },
+                command,
+            }
+            .encode()
+        })
+        .collect();
+    log.append(payloads).await.unwrap()
+}
+
 fn key(k: &str) -> Bytes {
     Bytes::copy_from_slice(k.as_bytes())
 }
@@ -305,22 +328,8 @@ async fn records_applied_together_see_each_others_writes() {
         },
         insert(&["a"], "third"),
     ];
-    let payloads = commands
-        .into_iter()
-        .map(|command| {
-            Envelope {
-                header: Header {
-                    epoch: Epoch(1),
-                    timestamp_ms: 10,
-                    origin: None,
-                },
-                command,
-            }
-            .encode()
-        })
-        .collect();
     // One append: the processor finds all five records at once.
-    let tail = f.log.append(payloads).await.unwrap();
+    let tail = append_epoch_1(&f.log, commands).await;
     n1.wait_applied(tail).await.unwrap();
     assert_eq!(
         n1.get(&[key("a"), key("b"), key("c")]).await.unwrap(),
@@ -357,21 +366,7 @@ async fn puts_in_a_run_with_conditional_writes_apply_in_record_order() {
             entries: put("u", "3", None),
         },
     ];
-    let payloads = commands
-        .into_iter()
-        .map(|command| {
-            Envelope {
-                header: Header {
-                    epoch: Epoch(1),
-                    timestamp_ms: 10,
-                    origin: None,
-                },
-                command,
-            }
-            .encode()
-        })
-        .collect();
-    let tail = f.log.append(payloads).await.unwrap();
+    let tail = append_epoch_1(&f.log, commands).await;
     n1.wait_applied(tail).await.unwrap();
     assert_eq!(
         n1.get(&[key("x"), key("y"), key("z"), key("u")])

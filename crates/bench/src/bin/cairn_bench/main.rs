@@ -234,17 +234,22 @@ async fn interleave(
     node: &cairn::Node,
     redis_server: Option<&redis::Server>,
 ) -> anyhow::Result<Rounds> {
-    let mut cairn_connections = Vec::new();
+    let per_workload =
+        || -> Vec<Vec<Figures>> { args.workloads.iter().map(|_| Vec::new()).collect() };
+    let mut cairn = Vec::new();
     for &front_end in &args.front_ends {
         let connections = match front_end {
             FrontEnd::Grpc => node.connections(args.clients).await?,
             FrontEnd::Resp => node.resp_connections(args.clients).await?,
         };
-        cairn_connections.push(Some(connections));
+        cairn.push(Driven {
+            front_end,
+            connections,
+            runs: per_workload(),
+        });
     }
     progress(&format!("Cairn: writing {} keys to read", args.read_keys));
-    let first = cairn_connections[0].as_mut().expect("just made");
-    drive::write_read_keys(args, &mut first[0]).await?;
+    drive::write_read_keys(args, &mut cairn[0].connections[0]).await?;
     let mut redis_connections = match redis_server {
         Some(server) => {
             let mut connections = server.connections(args.clients).await?;
@@ -258,13 +263,6 @@ async fn interleave(
     // Raw RocksDB is the batched put's baseline: it runs only beside that workload.
     let with_raw = args.workloads.contains(&Workload::PutBatch);
     let mut raw: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
-    let per_workload =
-        || -> Vec<Vec<Figures>> { args.workloads.iter().map(|_| Vec::new()).collect() };
-    let mut cairn: Vec<(FrontEnd, Vec<Vec<Figures>>)> = args
-        .front_ends
-        .iter()
-        .map(|&front_end| (front_end, per_workload()))
-        .collect();
     let mut redis = per_workload();
     for round in 1..=args.rounds {
         let of = format!("round {round}/{}", args.rounds);
@@ -285,20 +283,18 @@ async fn interleave(
         }
         for (i, &workload) in args.workloads.iter().enumerate() {
             let sides = cairn.len();
-            for (side, ((front_end, runs), connections)) in
-                cairn.iter_mut().zip(&mut cairn_connections).enumerate()
-            {
+            for (side, driven) in cairn.iter_mut().enumerate() {
                 progress(&format!(
                     "{of}: Cairn ({}): {}",
-                    front_end.name(),
+                    driven.front_end.name(),
                     workload.name(args.batch)
                 ));
                 // Both front ends write to the one node: each run writes keys of its own.
                 let pass = (round - 1) * sides + side + 1;
-                let sent = connections.take().expect("handed back after every run");
+                let sent = std::mem::take(&mut driven.connections);
                 let (ran, back) = drive::drive(args, workload, pass, sent).await?;
-                runs[i].push(ran);
-                *connections = Some(back);
+                driven.runs[i].push(ran);
+                driven.connections = back;
             }
             if let Some(connections) = redis_connections.take() {
                 progress(&format!("{of}: Redis: {}", workload.name(args.batch)));
@@ -311,7 +307,16 @@ async fn interleave(
     if redis_server.is_none() {
         redis.clear();
     }
+    let cairn = cairn.into_iter().map(|d| (d.front_end, d.runs)).collect();
     Ok((cairn, redis, raw))
+}
+
+/// One of Cairn's front ends during the rounds: its clients' connections, and per workload the
+/// figures of every round so far.
+struct Driven {
+    front_end: FrontEnd,
+    connections: Vec<drive::Connection>,
+    runs: Vec<Vec<Figures>>,
 }
 
 /// The run of median throughput (the lower middle one of an even count).
