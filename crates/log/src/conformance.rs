@@ -72,6 +72,7 @@ macro_rules! conformance_tests {
             concurrent_appenders_get_distinct_dense_lsns,
             logs_with_different_ids_are_independent,
             opening_twice_returns_the_same_log,
+            records_up_to_the_announced_size_are_taken,
         );
     };
 
@@ -485,6 +486,34 @@ pub async fn opening_twice_returns_the_same_log(provider: &dyn LogProvider) {
     lsns.sort();
     assert_eq!(lsns, [Lsn(1), Lsn(2)]);
     assert_eq!(state(&x).await, log_state(0, 2));
+}
+
+/// Callers size what they append by `record_bytes_max` (a leader packs its waiting proposals
+/// into records of at most that size): a record of exactly that size must be taken, one byte
+/// more refused as too large, leaving nothing behind.
+pub async fn records_up_to_the_announced_size_are_taken(provider: &dyn LogProvider) {
+    let log = open(provider, 1).await;
+    let max = log.record_bytes_max();
+    let refused = log.append(vec![Bytes::from(vec![b'x'; max + 1])]).await;
+    match refused {
+        Err(crate::Error::RecordTooLarge { size, limit, .. }) => {
+            assert_eq!((size, limit), (max + 1, max))
+        }
+        other => panic!(
+            "a record of {} bytes should be refused as too large: {other:?}",
+            max + 1
+        ),
+    }
+    assert_eq!(state(&log).await, log_state(0, 0));
+    let largest = Bytes::from(vec![b'y'; max]);
+    assert_eq!(append(&log, vec![largest.clone()]).await, Lsn(1));
+    assert_eq!(
+        read(&log, 1, 10).await,
+        vec![Entry {
+            lsn: Lsn(1),
+            payload: largest
+        }]
+    );
 }
 
 /// Not one of [`CASES`]: it needs `log`'s provider to fail appends on demand (`fail(true)` until

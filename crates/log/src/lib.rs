@@ -166,6 +166,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub trait Loglet: Send + Sync + 'static {
     fn log_id(&self) -> LogId;
 
+    /// The largest record an append takes: a larger one is refused with
+    /// [`Error::RecordTooLarge`].
+    fn record_bytes_max(&self) -> usize;
+
     /// Appends `payloads` as consecutive records and returns the LSN of the last one once all of
     /// them are durable. An empty batch returns the current tail and writes nothing. A failed
     /// append leaves none of its records readable, and does not stop reads or later appends.

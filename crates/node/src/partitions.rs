@@ -839,6 +839,11 @@ impl Loglet for UnopenedLog {
         self.log_id
     }
 
+    /// Every append fails with why the log is not open, whatever its size.
+    fn record_bytes_max(&self) -> usize {
+        usize::MAX
+    }
+
     async fn append(&self, _payloads: Vec<bytes::Bytes>) -> cairn_log::Result<Lsn> {
         Err(self.error())
     }

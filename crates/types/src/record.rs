@@ -6,6 +6,14 @@
 //!
 //! Encoding: one version byte ([`FORMAT_VERSION`]) followed by the postcard encoding of the
 //! envelope. A reader refuses a version it does not know instead of guessing.
+//!
+//! A leader that has several proposals waiting while its previous append is in flight appends
+//! them as one record, a batch ([`FORMAT_VERSION_BATCH`]): the version byte, the number of
+//! envelopes, then each envelope as it would be encoded alone behind its length (`u32`s,
+//! little-endian). A batch is applied as
+//! its envelopes one after the other, each answering its own proposer; the record's LSN is the
+//! LSN of all of them. One record for many proposals costs the log one append, one frame and,
+//! with the logs in NATS, one JetStream message where it would take one per proposal.
 
 use crate::{Epoch, NodeId};
 use bytes::Bytes;
@@ -17,6 +25,15 @@ pub const FORMAT_VERSION: u8 = 1;
 /// refuse it as "upgrade Cairn" instead of taking it for a damaged record. Every other record
 /// keeps version 1, so that nodes of both builds read each other's during an upgrade.
 pub const FORMAT_VERSION_WRITE: u8 = 2;
+/// The version of a record that holds several envelopes (see the module's docs). Only written
+/// when a leader has more than one proposal to append at once, so a lightly loaded partition
+/// keeps writing records that builds before batches read.
+pub const FORMAT_VERSION_BATCH: u8 = 3;
+
+/// Bytes a batch adds to each envelope it holds: its length.
+const BATCH_FRAME_BYTES: usize = 4;
+/// Bytes a batch adds once: the version and the number of envelopes.
+const BATCH_HEADER_BYTES: usize = 1 + 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -155,11 +172,13 @@ pub enum DecodeError {
     #[error("empty log record")]
     Empty,
     #[error(
-        "log record format version {0} is not known to this build (it knows {FORMAT_VERSION} and {FORMAT_VERSION_WRITE}); upgrade Cairn"
+        "log record format version {0} is not known to this build (it knows {FORMAT_VERSION} to {FORMAT_VERSION_BATCH}); upgrade Cairn"
     )]
     UnknownVersion(u8),
     #[error("malformed log record: {0}")]
     Malformed(#[from] postcard::Error),
+    #[error("malformed batch record: {detail}")]
+    MalformedBatch { detail: &'static str },
 }
 
 impl Envelope {
@@ -183,6 +202,72 @@ impl Envelope {
             }
             Some((&other, _)) => Err(DecodeError::UnknownVersion(other)),
         }
+    }
+
+    /// One record holding `encoded` envelopes (each from [`Envelope::encode`]): the envelope
+    /// itself if there is one, else a batch of them. Its size is [`record_bytes`] of theirs.
+    pub fn encode_record(encoded: &[Bytes]) -> Bytes {
+        if let [single] = encoded {
+            return single.clone();
+        }
+        let size = record_bytes(encoded.len(), encoded.iter().map(Bytes::len).sum());
+        let mut out = Vec::with_capacity(size);
+        out.push(FORMAT_VERSION_BATCH);
+        let count = u32::try_from(encoded.len()).expect("a batch holds fewer than 2^32 envelopes");
+        out.extend_from_slice(&count.to_le_bytes());
+        for envelope in encoded {
+            let len =
+                u32::try_from(envelope.len()).expect("an envelope in a batch fits in 32 bits");
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(envelope);
+        }
+        Bytes::from(out)
+    }
+
+    /// The envelopes of a record, in order: one, or every one of a batch. A batch that is cut
+    /// short or too long, empty, or holds a batch is malformed.
+    pub fn decode_record(bytes: &[u8]) -> Result<Vec<Envelope>, DecodeError> {
+        let Some((&FORMAT_VERSION_BATCH, rest)) = bytes.split_first() else {
+            return Ok(vec![Envelope::decode(bytes)?]);
+        };
+        let malformed = |detail| DecodeError::MalformedBatch { detail };
+        let (count, mut rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or(malformed("its count of envelopes is cut short"))?;
+        let count = u32::from_le_bytes(*count) as usize;
+        if count == 0 {
+            return Err(malformed("it holds no envelope"));
+        }
+        // Bounded by what the bytes can hold, not by what the count claims.
+        let mut envelopes = Vec::with_capacity(count.min(rest.len() / BATCH_FRAME_BYTES));
+        for _ in 0..count {
+            let (len, after) = rest
+                .split_first_chunk::<BATCH_FRAME_BYTES>()
+                .ok_or(malformed("an envelope's length is cut short"))?;
+            let len = u32::from_le_bytes(*len) as usize;
+            if after.len() < len {
+                return Err(malformed("an envelope is cut short"));
+            }
+            let (envelope, after) = after.split_at(len);
+            if envelope.first() == Some(&FORMAT_VERSION_BATCH) {
+                return Err(malformed("a batch holds a batch"));
+            }
+            envelopes.push(Envelope::decode(envelope)?);
+            rest = after;
+        }
+        if !rest.is_empty() {
+            return Err(malformed("bytes follow its last envelope"));
+        }
+        Ok(envelopes)
+    }
+}
+
+/// The size of the record that [`Envelope::encode_record`] makes of `count` envelopes of
+/// `envelope_bytes` in all.
+pub fn record_bytes(count: usize, envelope_bytes: usize) -> usize {
+    match count {
+        1 => envelope_bytes,
+        n => BATCH_HEADER_BYTES + n * BATCH_FRAME_BYTES + envelope_bytes,
     }
 }
 
@@ -268,6 +353,76 @@ mod tests {
             };
             prop_assert_eq!(Envelope::decode(&envelope.encode()).unwrap(), envelope);
         }
+    }
+
+    proptest! {
+        #[test]
+        fn batches_round_trip(commands in proptest::collection::vec(command(), 1..6), ts: u64) {
+            let envelopes: Vec<Envelope> = commands
+                .into_iter()
+                .enumerate()
+                .map(|(i, command)| Envelope {
+                    header: Header {
+                        epoch: Epoch(3),
+                        timestamp_ms: ts,
+                        origin: Some(Origin { node: NodeId("n1".into()), boot_id: 7, request_id: i as u64 }),
+                    },
+                    command,
+                })
+                .collect();
+            let encoded: Vec<Bytes> = envelopes.iter().map(Envelope::encode).collect();
+            let record = Envelope::encode_record(&encoded);
+            let envelope_bytes = encoded.iter().map(Bytes::len).sum();
+            prop_assert_eq!(record.len(), record_bytes(encoded.len(), envelope_bytes));
+            prop_assert_eq!(Envelope::decode_record(&record).unwrap(), envelopes);
+        }
+    }
+
+    #[test]
+    fn malformed_batches_are_refused() {
+        let envelope = Envelope {
+            header: Header {
+                epoch: Epoch(1),
+                timestamp_ms: 1,
+                origin: None,
+            },
+            command: Command::Delete { keys: vec![] },
+        }
+        .encode();
+        let batch = Envelope::encode_record(&[envelope.clone(), envelope.clone()]);
+        assert_eq!(batch[0], FORMAT_VERSION_BATCH);
+        assert_eq!(Envelope::decode_record(&batch).unwrap().len(), 2);
+        // Every cut of it short of its end is refused, none is read as fewer envelopes, and
+        // so is a byte too many.
+        for cut in 1..batch.len() {
+            let err = Envelope::decode_record(&batch[..cut]).unwrap_err();
+            assert!(
+                matches!(err, DecodeError::MalformedBatch { .. }),
+                "cut at {cut}: {err}"
+            );
+        }
+        let mut longer = batch.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            Envelope::decode_record(&longer),
+            Err(DecodeError::MalformedBatch { .. })
+        ));
+        let nested = Envelope::encode_record(&[batch.clone(), envelope.clone()]);
+        assert!(matches!(
+            Envelope::decode_record(&nested),
+            Err(DecodeError::MalformedBatch {
+                detail: "a batch holds a batch"
+            })
+        ));
+        // A single envelope stays the record it was, readable by builds before batches.
+        assert_eq!(
+            Envelope::encode_record(std::slice::from_ref(&envelope)),
+            envelope
+        );
+        assert!(matches!(
+            Envelope::decode(&batch),
+            Err(DecodeError::UnknownVersion(FORMAT_VERSION_BATCH))
+        ));
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! log in LSN order and applies every record to the store in one write batch with the applied LSN.
 //! The leader proposes commands by appending epoch-stamped records and answers the caller only
 //! once its own processor has applied the record, so every answer comes from the state machine.
+//! Proposals that meet while an append is in flight share the next record (`append`).
 //!
 //! Architecture invariant: the worker does not know how records travel (any [`cairn_log::Loglet`])
 //! nor who decides leadership (the caller hands it an epoch). It knows nothing of gRPC.
 
+mod append;
 mod clock;
 mod compaction;
 mod partition;
@@ -102,13 +104,14 @@ pub enum Error {
     },
     /// The log refused or failed `context`. Its kind tells the caller what to do:
     /// [`cairn_log::Error::is_disk_full`] (free space and retry), [`cairn_log::Error::Trimmed`]
-    /// (the records are gone), or a failing device.
+    /// (the records are gone), or a failing device. Shared: the proposals appended together in
+    /// one record all fail with the one error of its append.
     #[error("partition {partition}: {context}: {source}")]
     Log {
         partition: PartitionId,
         context: &'static str,
         #[source]
-        source: cairn_log::Error,
+        source: Arc<cairn_log::Error>,
     },
     /// The store has applied records that its log no longer holds (the log lost its end to a
     /// disk or file-system fault). Continuing would apply different records at those LSNs.

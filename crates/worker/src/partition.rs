@@ -1,5 +1,6 @@
 //! A partition of this node: its processor task and the leader's read and write paths.
 
+use crate::append::Appender;
 use crate::processor::{ExportRequest, Outcome, Processor, log_error, store_error};
 use crate::{Clock, Error, Result};
 use bytes::Bytes;
@@ -111,6 +112,8 @@ pub struct Partition {
     shared: Arc<Shared>,
     store: PartitionStore,
     log: Arc<dyn Loglet>,
+    /// Appends this node's proposals, several to a record under load.
+    appender: Arc<Appender>,
     clock: Arc<dyn Clock>,
     key_range: KeyRange,
     /// The epoch this node leads with, once it has announced itself.
@@ -191,6 +194,7 @@ impl Partition {
         Ok(Arc::new(Partition {
             shared,
             store,
+            appender: Appender::new(log.clone()),
             log,
             clock,
             key_range,
@@ -546,10 +550,14 @@ impl Partition {
         // below this means the log hands out LSNs the store has already applied.
         let applied = self.applied_lsn();
         let lsn = self
-            .log
-            .append(vec![envelope.encode()])
+            .appender
+            .append(envelope.encode())
             .await
-            .map_err(|err| log_error(self.id(), "append to log", err))?;
+            .map_err(|source| Error::Log {
+                partition: self.id(),
+                context: "append to log",
+                source,
+            })?;
         if lsn <= applied {
             let err = Error::StoreAheadOfLog {
                 partition: self.id(),

@@ -11,7 +11,9 @@
 //! every insert-if-absent of the run asks about are looked up in one batched read first; a write
 //! earlier in the same run is seen through an overlay of the batch, so each record's answer is
 //! what it would be had the records been applied one by one. Callers are answered only once the
-//! run is committed.
+//! run is committed. A batch record (several proposals a leader appended together) is applied
+//! as its envelopes in order, each answering its own proposer; the record is checked whole
+//! before any of it is applied, so a batch is never applied in part.
 //!
 //! # A thread of its own
 //! The processor runs on an OS thread of its own, which drives its future with
@@ -496,22 +498,26 @@ impl Run {
         let mut batch = self.store.write_batch();
         let mut overlay = Overlay::default();
         // Decoded once: for the lookups ahead of the run and for applying.
-        let decoded: Vec<Result<Envelope, DecodeError>> = entries
+        let decoded: Vec<Result<Vec<Envelope>, DecodeError>> = entries
             .iter()
-            .map(|entry| Envelope::decode(&entry.payload))
+            .map(|entry| Envelope::decode_record(&entry.payload))
             .collect();
         let stored = self.read_keys_to_decide(&decoded)?;
         let mut answers = Vec::with_capacity(entries.len());
         let mut announced = false;
         let mut stopped = None;
-        for (entry, envelope) in entries.iter().zip(decoded) {
-            match self.apply_one(entry.lsn, envelope, &mut batch, &mut overlay, &stored) {
-                Ok((origin, outcome)) => {
-                    announced |= matches!(outcome, Ok(Outcome::Announced));
-                    self.applied = entry.lsn;
-                    if let Some(origin) = origin {
-                        answers.push((origin, outcome));
+        for (entry, envelopes) in entries.iter().zip(decoded) {
+            match self.check_record(entry.lsn, envelopes) {
+                Ok(envelopes) => {
+                    for envelope in envelopes {
+                        let (origin, outcome) =
+                            self.apply_one(entry.lsn, envelope, &mut batch, &mut overlay, &stored);
+                        announced |= matches!(outcome, Ok(Outcome::Announced));
+                        if let Some(origin) = origin {
+                            answers.push((origin, outcome));
+                        }
                     }
+                    self.applied = entry.lsn;
                 }
                 Err(err) => {
                     stopped = Some(err);
@@ -560,7 +566,7 @@ impl Run {
     /// anything is applied.
     fn read_keys_to_decide(
         &self,
-        envelopes: &[Result<Envelope, DecodeError>],
+        records: &[Result<Vec<Envelope>, DecodeError>],
     ) -> Result<HashMap<Bytes, Option<StoredValue>>> {
         let mut keys: Vec<Bytes> = Vec::new();
         let mut asked = HashSet::new();
@@ -569,17 +575,11 @@ impl Run {
                 keys.push(key.clone());
             }
         };
-        for envelope in envelopes {
-            // A record that does not decode is reported where the run reaches it.
-            match envelope {
-                Ok(Envelope {
-                    command: Command::InsertIfAbsent { keys, .. },
-                    ..
-                }) => keys.iter().for_each(&mut ask),
-                Ok(Envelope {
-                    command: Command::Write { ops, .. },
-                    ..
-                }) => ops.iter().for_each(|op| ask(&op.key)),
+        // A record that does not decode is reported where the run reaches it.
+        for envelope in records.iter().flatten().flatten() {
+            match &envelope.command {
+                Command::InsertIfAbsent { keys, .. } => keys.iter().for_each(&mut ask),
+                Command::Write { ops, .. } => ops.iter().for_each(|op| ask(&op.key)),
                 _ => {}
             }
         }
@@ -593,16 +593,13 @@ impl Run {
         Ok(keys.into_iter().zip(values).collect())
     }
 
-    /// Adds one record's effects to `batch`. Returns who proposed it (if anyone) and what to
-    /// answer them, or why the partition must stop before this record.
-    fn apply_one(
-        &mut self,
+    /// The envelopes of the record at `lsn`, once it is known that applying them continues
+    /// this store's history; else why the partition must stop before this record.
+    fn check_record(
+        &self,
         lsn: Lsn,
-        envelope: Result<Envelope, DecodeError>,
-        batch: &mut PartitionWriteBatch,
-        overlay: &mut Overlay,
-        stored: &HashMap<Bytes, Option<StoredValue>>,
-    ) -> Result<(Option<Origin>, Result<Outcome>)> {
+        envelopes: Result<Vec<Envelope>, DecodeError>,
+    ) -> Result<Vec<Envelope>> {
         let partition = self.shared.id;
         if lsn != self.applied.next() {
             // Applying it would diverge: at best a record applied twice, at worst different
@@ -618,10 +615,42 @@ impl Run {
                 ),
             });
         }
-        let envelope = envelope.map_err(|err| Error::Stopped {
+        let envelopes = envelopes.map_err(|err| Error::Stopped {
             partition,
             reason: format!("record at LSN {lsn} cannot be decoded: {err}"),
         })?;
+        // Every epoch's records follow its announcement in the log, so a record of a newer
+        // epoch than any this store applied means the store does not continue this log's
+        // history (restored from a snapshot of records the log has since lost). Skipping it
+        // as fenced would silently drop acknowledged writes. Checked for every envelope of a
+        // batch before any of them is applied, so a batch is applied whole or not at all.
+        let mut epoch = self.leader.as_ref().map(|l| l.epoch);
+        for envelope in &envelopes {
+            match envelope.command {
+                Command::AnnounceLeader {
+                    epoch: announced, ..
+                } if epoch.is_none_or(|current| announced > current) => epoch = Some(announced),
+                Command::AnnounceLeader { .. } => {}
+                _ if epoch.is_none_or(|current| envelope.header.epoch > current) => {
+                    return Err(self.not_this_history(lsn, envelope.header.epoch));
+                }
+                _ => {}
+            }
+        }
+        Ok(envelopes)
+    }
+
+    /// Adds one envelope's effects to `batch` (its record checked by [`Run::check_record`]).
+    /// Returns who proposed it (if anyone) and what to answer them.
+    fn apply_one(
+        &mut self,
+        lsn: Lsn,
+        envelope: Envelope,
+        batch: &mut PartitionWriteBatch,
+        overlay: &mut Overlay,
+        stored: &HashMap<Bytes, Option<StoredValue>>,
+    ) -> (Option<Origin>, Result<Outcome>) {
+        let partition = self.shared.id;
         let header = envelope.header;
         // The partition's time never goes back, whatever the clock of the leader that stamped
         // the record: every replica computes the same from the same records, and a value that
@@ -640,13 +669,7 @@ impl Run {
                     Err(self.fenced())
                 }
             }
-            // Every epoch's records follow its announcement in the log, so a record of a newer
-            // epoch than any this store applied means the store does not continue this log's
-            // history (restored from a snapshot of records the log has since lost). Skipping it
-            // as fenced would silently drop acknowledged writes.
-            _ if self.leader.as_ref().is_none_or(|l| header.epoch > l.epoch) => {
-                return Err(self.not_this_history(lsn, header.epoch));
-            }
+            // A newer epoch than the current one was refused by `check_record`.
             _ if self.leader.as_ref().map(|l| l.epoch) != Some(header.epoch) => {
                 debug!(%partition, %lsn, epoch = %header.epoch, "skipping record of another epoch");
                 Err(self.fenced())
@@ -711,7 +734,7 @@ impl Run {
                 Ok(Outcome::Written(results))
             }
         };
-        Ok((header.origin, outcome))
+        (header.origin, outcome)
     }
 
     fn not_this_history(&self, lsn: Lsn, epoch: cairn_types::Epoch) -> Error {
@@ -761,7 +784,7 @@ pub(crate) fn log_error(
     Error::Log {
         partition,
         context,
-        source: err,
+        source: Arc::new(err),
     }
 }
 

@@ -606,6 +606,121 @@ async fn concurrent_inserts_of_one_key_admit_exactly_one() {
     f.stop().await;
 }
 
+/// Proposals that meet at a leader share records: each proposer still gets its own answer, and
+/// a replica replaying those records reaches the leader's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_that_meet_share_a_record_and_each_gets_its_own_answer() {
+    let f = Fixture::new().await;
+    let (stores, n1) = f.leading_n1(10).await;
+    let before = f.log.state().await.unwrap().tail;
+    // 8 keys, each raced by 16 proposers; every proposer also puts a key of its own.
+    let proposers = 128;
+    let attempts: Vec<_> = (0..proposers)
+        .map(|i| {
+            let n1 = n1.clone();
+            tokio::spawn(async move {
+                let (own, contested) = (key(&format!("own-{i}")), key(&format!("c-{}", i % 8)));
+                let put = n1.put(vec![PutEntry {
+                    key: own,
+                    value: key(&format!("v-{i}")),
+                    ttl_ms: None,
+                }]);
+                let insert = n1.insert_if_absent(vec![contested], key(&i.to_string()), None);
+                let (put, insert) = tokio::join!(put, insert);
+                put.unwrap();
+                insert.unwrap()[0]
+            })
+        })
+        .collect();
+    let mut winners = std::collections::BTreeMap::new();
+    for (i, attempt) in attempts.into_iter().enumerate() {
+        if attempt.await.unwrap() {
+            assert!(
+                winners.insert(i % 8, i).is_none(),
+                "key c-{} was inserted twice",
+                i % 8
+            );
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        8,
+        "every contested key has one winner: {winners:?}"
+    );
+    for (k, winner) in &winners {
+        assert_eq!(
+            n1.get(&[key(&format!("c-{k}"))]).await.unwrap(),
+            vec![Some(key(&winner.to_string()))],
+            "c-{k} holds its winner's value"
+        );
+    }
+    let records = f.log.state().await.unwrap().tail.0 - before.0;
+    assert!(
+        records < 2 * proposers as u64,
+        "{} proposals took {records} records: none shared one",
+        2 * proposers
+    );
+    // A replica applies the batches as the leader did.
+    let (replica_stores, _replica) = f.replay_into_fresh_store("replica").await;
+    for i in 0..proposers {
+        let k = format!("own-{i}");
+        assert_eq!(stored(&replica_stores, &k), stored(&stores, &k));
+        assert_eq!(
+            &stored(&stores, &k).unwrap().value[..],
+            format!("v-{i}").as_bytes()
+        );
+    }
+    for k in 0..8 {
+        let k = format!("c-{k}");
+        assert_eq!(stored(&replica_stores, &k), stored(&stores, &k));
+    }
+    f.stop().await;
+}
+
+/// A batch record of a deposed leader is skipped whole by every replica, like any of its records.
+#[tokio::test]
+async fn a_batch_of_an_old_epoch_is_fenced_whole() {
+    let f = Fixture::new().await;
+    let (stores, n1) = f.leading_n1(10).await;
+    f.append_foreign(
+        2,
+        Command::AnnounceLeader {
+            epoch: Epoch(2),
+            node: NodeId("n2".into()),
+        },
+    )
+    .await;
+    let envelope = |epoch: u64, k: &str| {
+        Envelope {
+            header: Header {
+                epoch: Epoch(epoch),
+                timestamp_ms: 10,
+                origin: None,
+            },
+            command: Command::Put {
+                entries: put(k, "v", None),
+            },
+        }
+        .encode()
+    };
+    let stale = Envelope::encode_record(&[envelope(1, "a"), envelope(1, "b")]);
+    let current = Envelope::encode_record(&[envelope(2, "c"), envelope(2, "d")]);
+    let tail = f.log.append(vec![stale, current]).await.unwrap();
+    n1.wait_applied(tail).await.unwrap();
+    assert_eq!(stored(&stores, "a"), None);
+    assert_eq!(stored(&stores, "b"), None);
+    assert!(stored(&stores, "c").is_some() && stored(&stores, "d").is_some());
+    // A batch of an epoch never announced: the store is not of this log's history, and the
+    // partition stops before applying any of it.
+    let unknown = Envelope::encode_record(&[envelope(2, "e"), envelope(3, "f")]);
+    f.log.append(vec![unknown]).await.unwrap();
+    let err = n1.wait_applied(tail.next()).await.unwrap_err();
+    assert!(err.to_string().contains("epoch 3"), "{err}");
+    assert_eq!(n1.applied_lsn(), tail);
+    assert_eq!(stored(&stores, "e"), None);
+    f.stop().await;
+}
+
 #[tokio::test]
 async fn a_restarted_processor_continues_from_its_applied_lsn() {
     let f = Fixture::new().await;
@@ -887,6 +1002,10 @@ struct HangingReads {
 impl Loglet for HangingReads {
     fn log_id(&self) -> LogId {
         self.log.log_id()
+    }
+
+    fn record_bytes_max(&self) -> usize {
+        self.log.record_bytes_max()
     }
 
     fn append<'s, 'f>(&'s self, payloads: Vec<Bytes>) -> LogFuture<'f, cairn_types::Lsn>

@@ -736,6 +736,10 @@ impl Loglet for LocalLoglet {
         self.log.log_id
     }
 
+    fn record_bytes_max(&self) -> usize {
+        self.core.shared.options.record_bytes_max
+    }
+
     async fn append(&self, payloads: Vec<Bytes>) -> Result<Lsn> {
         if payloads.is_empty() {
             return Ok(Lsn(self.log.state.lock().tail));

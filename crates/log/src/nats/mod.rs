@@ -309,6 +309,10 @@ impl Loglet for NatsLoglet {
         self.shared.log_id
     }
 
+    fn record_bytes_max(&self) -> usize {
+        self.shared.record_bytes_max
+    }
+
     async fn append(&self, payloads: Vec<Bytes>) -> Result<Lsn> {
         let log_id = self.shared.log_id;
         if payloads.is_empty() {
