@@ -9,16 +9,21 @@
 //! clients send at once), and one record each pays that cost per proposal.
 //!
 //! # How
-//! One append is in flight per partition. A proposal that finds none starts an appender task,
-//! which appends it at once: a lone proposal waits for nothing. Proposals that arrive meanwhile
-//! queue; when the append returns, the task appends everything queued as the next record (up to
+//! At most [`APPENDS_IN_FLIGHT_MAX`] appends are in flight per partition, each made by an
+//! appender task. A proposal that finds fewer starts a task, which appends it at once: a lone
+//! proposal waits for nothing. Proposals that arrive while every task is busy queue; when a
+//! task's append returns, it appends everything queued as its next record (up to
 //! [`PROPOSALS_PER_RECORD_MAX`], and up to [`RECORD_BYTES_TARGET`] or the log's own bound), and
 //! ends once the queue is empty. A record's size thus follows the load, as a group commit's does.
 //! Several proposals become one batch record ([`Envelope::encode_record`]); one stays the plain
-//! record it always was.
+//! record it always was. Two in flight rather than one: with one, the second of two proposals
+//! that meet (32 single-key writers over 16 partitions) waits a whole append for the first; the
+//! local log's writer already makes the appends of every partition that meet durable together.
 //!
 //! # Order
-//! Records are appended one after the other, in the order their proposals were queued.
+//! A record holds its proposals in the order they were queued. Records of proposals in flight at
+//! once may land in either order: nobody waits on one for the other, and a caller that needs
+//! one write before another waits for its answer first, as it must with any store.
 //!
 //! # Cancellation
 //! The appender task is nobody's request: a caller that gives up leaves its proposal in the
@@ -35,6 +40,9 @@ use cairn_types::record::{Envelope, record_bytes};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
+
+/// Appends in flight per partition, at most (see the module's docs).
+pub(crate) const APPENDS_IN_FLIGHT_MAX: usize = 2;
 
 /// Proposals in one record, at most: bounds the work of applying one record, which answers no
 /// proposal of it before the last is applied.
@@ -55,8 +63,8 @@ struct Proposal {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Proposal>,
-    /// Whether an appender task runs (it appends until `waiting` is empty).
-    appending: bool,
+    /// Appender tasks running (each appends until `waiting` is empty).
+    appending: usize,
 }
 
 /// The appends of one partition's leader.
@@ -80,7 +88,9 @@ impl Appender {
         let start = {
             let mut queue = self.lock();
             queue.waiting.push_back(Proposal { envelope, appended });
-            !std::mem::replace(&mut queue.appending, true)
+            let start = queue.appending < APPENDS_IN_FLIGHT_MAX;
+            queue.appending += usize::from(start);
+            start
         };
         if start {
             tokio::spawn(self.clone().run());
@@ -96,7 +106,8 @@ impl Appender {
     /// Appends what is queued, a record at a time, until nothing is.
     async fn run(self: Arc<Self>) {
         // However the task ends (a panic, the runtime's shutdown), the next proposal starts a
-        // new one, and those queued now are answered (their senders dropped) rather than forgotten.
+        // new one, and those queued then are answered (their senders dropped) unless another
+        // task will append them.
         let mut running = Running {
             appender: &self,
             finished: false,
@@ -106,7 +117,7 @@ impl Appender {
             let proposals = {
                 let mut queue = self.lock();
                 if queue.waiting.is_empty() {
-                    queue.appending = false;
+                    queue.appending -= 1;
                     // From here on a new proposal starts a new task: this one touches nothing.
                     running.finished = true;
                     return;
@@ -161,11 +172,13 @@ impl Drop for Running<'_> {
         if self.finished {
             return;
         }
-        // Ended early: the proposals still queued are answered by dropping their senders, and
-        // the next proposal starts a new task.
+        // Ended early: the next proposal starts a new task, and if no other task runs, the
+        // proposals still queued are answered by dropping their senders.
         let mut queue = self.appender.lock();
-        queue.waiting.clear();
-        queue.appending = false;
+        queue.appending -= 1;
+        if queue.appending == 0 {
+            queue.waiting.clear();
+        }
     }
 }
 
