@@ -268,10 +268,49 @@ impl Client {
                 keys,
                 value,
                 ttl_ms: ttl_ms(ttl)?,
+                partial: false,
             }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().inserted)
+    }
+
+    /// [`Client::insert_if_absent`] whose keys of partitions that refused them before doing
+    /// anything (`UNAVAILABLE`) are answered apart instead of failing the whole call: per key,
+    /// whether this call inserted it, or the refusal.
+    pub(crate) async fn insert_if_absent_partial(
+        &self,
+        keys: Vec<Bytes>,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<Result<bool>>> {
+        let count = keys.len();
+        let response = self
+            .kv
+            .clone()
+            .insert_if_absent(self.kv_request(v1::InsertIfAbsentRequest {
+                keys,
+                value,
+                ttl_ms: ttl_ms(ttl)?,
+                partial: true,
+            }))
+            .await
+            .map_err(|s| self.rpc(s))?
+            .into_inner();
+        if response.inserted.len() != count {
+            return Err(self.rpc(tonic::Status::internal(format!(
+                "the node answered {} keys of {count}",
+                response.inserted.len()
+            ))));
+        }
+        let mut answers: Vec<Result<bool>> = response.inserted.into_iter().map(Ok).collect();
+        for index in response.refused {
+            if let Some(answer) = answers.get_mut(index as usize) {
+                *answer =
+                    Err(self.rpc(tonic::Status::unavailable(response.refused_reason.clone())));
+            }
+        }
+        Ok(answers)
     }
 
     /// Every node that joined the cluster.

@@ -10,9 +10,10 @@
 //! over: nothing of it was done) is sent again, alone, once the table was read anew, up to
 //! [`ATTEMPTS`] times: shares that succeeded are never sent twice. Partitions whose leader it
 //! cannot reach go through the seed node, which forwards them.
-//! An insert-if-absent is split by partition, not by node, so that its answer for each key is
-//! what its one accepted attempt did. A share whose outcome is unknown (`DEADLINE_EXCEEDED`) is
-//! never sent again.
+//! An insert-if-absent asks the node to answer apart the keys of partitions that refused them
+//! (`partial`), so that only those are sent again and each key's answer is what its one
+//! accepted attempt did; a share that spans partitions is never sent twice for a refusal of one
+//! of them. A share whose outcome is unknown (`DEADLINE_EXCEEDED`) is never sent again.
 
 use crate::{Client, ClientOptions, PutEntry, Result};
 use bytes::Bytes;
@@ -130,20 +131,15 @@ impl RoutingClient {
     }
 
     /// Runs `call` on each leader's share of `keys` (their indices in request order) and puts
-    /// the per-key answers back in order; shares answered `UNAVAILABLE` are routed again. With
-    /// `per_partition`, a share is one partition's keys: a node answers a share that spans
-    /// partitions with its first error, though the others may have taken effect, which only a
-    /// request that must not run twice (insert-if-absent) needs to avoid.
-    async fn scatter<T, F, Fut>(
-        &self,
-        keys: &[Bytes],
-        per_partition: bool,
-        call: F,
-    ) -> Result<Vec<T>>
+    /// the per-key answers back in order; shares, and keys of a share, answered `UNAVAILABLE`
+    /// are routed again. A node answers a share that spans partitions with its first error,
+    /// though the others may have taken effect: a call that must not run twice
+    /// (insert-if-absent) answers its refused keys apart instead.
+    async fn scatter<T, F, Fut>(&self, keys: &[Bytes], call: F) -> Result<Vec<T>>
     where
         T: Clone + Default,
         F: Fn(Client, Vec<usize>) -> Fut,
-        Fut: Future<Output = Result<Vec<T>>>,
+        Fut: Future<Output = Result<Vec<Result<T>>>>,
     {
         let mut out = vec![T::default(); keys.len()];
         let mut pending: Vec<usize> = (0..keys.len()).collect();
@@ -163,13 +159,8 @@ impl RoutingClient {
                     .cloned()
                     .flatten()
                     .unwrap_or_else(|| self.seed.clone());
-                let share = if per_partition {
-                    format!("{}#{partition}", client.address())
-                } else {
-                    client.address().to_string()
-                };
                 shares
-                    .entry(share)
+                    .entry(client.address().to_string())
                     .or_insert_with(|| (client, Vec::new()))
                     .1
                     .push(i);
@@ -182,14 +173,23 @@ impl RoutingClient {
                 .await;
             pending.clear();
             let mut last_error = None;
+            let retry =
+                |err: &crate::Error| err.code() == Some(Code::Unavailable) && attempt < ATTEMPTS;
             for (indices, answer) in answers {
                 match answer {
                     Ok(values) => {
                         for (i, value) in indices.into_iter().zip(values) {
-                            out[i] = value;
+                            match value {
+                                Ok(value) => out[i] = value,
+                                Err(err) if retry(&err) => {
+                                    pending.push(i);
+                                    last_error = Some(err);
+                                }
+                                Err(err) => return Err(err),
+                            }
                         }
                     }
-                    Err(err) if err.code() == Some(Code::Unavailable) && attempt < ATTEMPTS => {
+                    Err(err) if retry(&err) => {
                         pending.extend(indices);
                         last_error = Some(err);
                     }
@@ -211,9 +211,12 @@ impl RoutingClient {
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         let entries = &entries;
-        self.scatter(&keys, false, |client, indices| async move {
+        self.scatter(&keys, |client, indices| async move {
             let mine = indices.iter().map(|&i| entries[i].clone()).collect();
-            client.put(mine).await.map(|()| vec![(); indices.len()])
+            client
+                .put(mine)
+                .await
+                .map(|()| indices.iter().map(|_| Ok(())).collect())
         })
         .await
         .map(|_| ())
@@ -222,21 +225,22 @@ impl RoutingClient {
     /// Values in the order of `keys`; `None` for absent or expired keys.
     pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
         let all = &keys;
-        self.scatter(&keys, false, |client, indices| async move {
+        self.scatter(&keys, |client, indices| async move {
             client
                 .get(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
+                .map(each_ok)
         })
         .await
     }
 
     pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
         let all = &keys;
-        self.scatter(&keys, false, |client, indices| async move {
+        self.scatter(&keys, |client, indices| async move {
             client
                 .delete(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
-                .map(|()| vec![(); indices.len()])
+                .map(|()| indices.iter().map(|_| Ok(())).collect())
         })
         .await
         .map(|_| ())
@@ -244,10 +248,11 @@ impl RoutingClient {
 
     pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
         let all = &keys;
-        self.scatter(&keys, false, |client, indices| async move {
+        self.scatter(&keys, |client, indices| async move {
             client
                 .exists(indices.iter().map(|&i| all[i].clone()).collect())
                 .await
+                .map(each_ok)
         })
         .await
     }
@@ -261,9 +266,9 @@ impl RoutingClient {
     ) -> Result<Vec<bool>> {
         let all = &keys;
         let value = &value;
-        self.scatter(&keys, true, |client, indices| async move {
+        self.scatter(&keys, |client, indices| async move {
             client
-                .insert_if_absent(
+                .insert_if_absent_partial(
                     indices.iter().map(|&i| all[i].clone()).collect(),
                     value.clone(),
                     ttl,
@@ -277,6 +282,11 @@ impl RoutingClient {
     pub fn seed(&self) -> &Client {
         &self.seed
     }
+}
+
+/// Every key of a share answered.
+fn each_ok<T>(values: Vec<T>) -> Vec<Result<T>> {
+    values.into_iter().map(Ok).collect()
 }
 
 impl std::fmt::Debug for RoutingClient {

@@ -84,6 +84,30 @@ fn log_status(source: &cairn_log::Error, message: String) -> Status {
     }
 }
 
+/// An insert-if-absent's answer from each key's: the first error in request order fails the
+/// call, except, with `partial`, refusals (`UNAVAILABLE`: nothing was done), whose keys are
+/// answered apart so that only they are sent again.
+fn insert_answer(
+    answers: Vec<Result<bool, Status>>,
+    partial: bool,
+) -> Result<v1::InsertIfAbsentResponse, Status> {
+    let mut response = v1::InsertIfAbsentResponse::default();
+    for (index, answer) in answers.into_iter().enumerate() {
+        match answer {
+            Ok(inserted) => response.inserted.push(inserted),
+            Err(status) if partial && status.code() == tonic::Code::Unavailable => {
+                if response.refused.is_empty() {
+                    response.refused_reason = status.message().to_string();
+                }
+                response.refused.push(index as u32);
+                response.inserted.push(false);
+            }
+            Err(status) => return Err(status),
+        }
+    }
+    Ok(response)
+}
+
 fn snapshot_status(err: cairn_snapshots::Error) -> Status {
     use cairn_snapshots::Error as E;
     match &err {
@@ -570,8 +594,9 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::insert_if_absent_bytes(&request.keys, request.value.len())?;
         let request = &request;
         let routes = &self.state.routes;
-        let inserted = self
-            .scatter(&request.keys, forwarded, |target, indices| async move {
+        self.routable(&request.keys, forwarded)?;
+        let answers = self
+            .scatter_each(&request.keys, forwarded, |target, indices| async move {
                 let mine: Vec<Bytes> = indices.iter().map(|&i| request.keys[i].clone()).collect();
                 match target {
                     Target::Local(partition) => partition
@@ -586,14 +611,16 @@ impl v1::key_value_server::KeyValue for KeyValueService {
                                     keys: mine,
                                     value: request.value.clone(),
                                     ttl_ms: request.ttl_ms,
+                                    // One partition's keys: refused whole or not at all.
+                                    partial: false,
                                 },
                             )
                             .await
                     }
                 }
             })
-            .await?;
-        Ok(Response::new(v1::InsertIfAbsentResponse { inserted }))
+            .await;
+        insert_answer(answers, request.partial).map(Response::new)
     }
 
     async fn write(
@@ -1500,5 +1527,31 @@ async fn send_file(
         if tx.send(Ok(chunk)).await.is_err() {
             return Ok(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_insert_answers_refused_keys_apart_and_fails_on_anything_else() {
+        let refused = || Err(Status::unavailable("partition 3 is led by n2"));
+        let answers = vec![Ok(true), refused(), Ok(false), refused()];
+        let response = insert_answer(answers.clone(), true).unwrap();
+        assert_eq!(response.inserted, vec![true, false, false, false]);
+        assert_eq!(response.refused, vec![1, 3]);
+        assert_eq!(response.refused_reason, "partition 3 is led by n2");
+        // Without `partial`, the first error is the answer, as for every other call.
+        let err = insert_answer(answers, false).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // An outcome that is not known is never answered as a refusal: the call fails.
+        let undecided = vec![
+            Ok(true),
+            refused(),
+            Err(Status::deadline_exceeded("undecided")),
+        ];
+        let err = insert_answer(undecided, true).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
     }
 }
