@@ -261,6 +261,16 @@ impl Client {
         value: Bytes,
         ttl: Option<Duration>,
     ) -> Result<Vec<bool>> {
+        Ok(self.send_insert(keys, value, ttl, false).await?.inserted)
+    }
+
+    async fn send_insert(
+        &self,
+        keys: Vec<Bytes>,
+        value: Bytes,
+        ttl: Option<Duration>,
+        partial: bool,
+    ) -> Result<v1::InsertIfAbsentResponse> {
         let response = self
             .kv
             .clone()
@@ -268,11 +278,11 @@ impl Client {
                 keys,
                 value,
                 ttl_ms: ttl_ms(ttl)?,
-                partial: false,
+                partial,
             }))
             .await
             .map_err(|s| self.rpc(s))?;
-        Ok(response.into_inner().inserted)
+        Ok(response.into_inner())
     }
 
     /// [`Client::insert_if_absent`] whose keys of partitions that refused them before doing
@@ -285,18 +295,7 @@ impl Client {
         ttl: Option<Duration>,
     ) -> Result<Vec<Result<bool>>> {
         let count = keys.len();
-        let response = self
-            .kv
-            .clone()
-            .insert_if_absent(self.kv_request(v1::InsertIfAbsentRequest {
-                keys,
-                value,
-                ttl_ms: ttl_ms(ttl)?,
-                partial: true,
-            }))
-            .await
-            .map_err(|s| self.rpc(s))?
-            .into_inner();
+        let response = self.send_insert(keys, value, ttl, true).await?;
         if response.inserted.len() != count {
             return Err(self.rpc(tonic::Status::internal(format!(
                 "the node answered {} keys of {count}",
