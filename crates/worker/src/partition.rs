@@ -553,11 +553,7 @@ impl Partition {
             .appender
             .append(envelope.encode())
             .await
-            .map_err(|source| Error::Log {
-                partition: self.id(),
-                context: "append to log",
-                source,
-            })?;
+            .map_err(|err| log_error(self.id(), "append to log", err))?;
         if lsn <= applied {
             let err = Error::StoreAheadOfLog {
                 partition: self.id(),

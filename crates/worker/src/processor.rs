@@ -779,12 +779,12 @@ pub(crate) fn store_error(
 pub(crate) fn log_error(
     partition: cairn_types::PartitionId,
     context: &'static str,
-    err: cairn_log::Error,
+    err: impl Into<Arc<cairn_log::Error>>,
 ) -> Error {
     Error::Log {
         partition,
         context,
-        source: Arc::new(err),
+        source: err.into(),
     }
 }
 
