@@ -7,7 +7,7 @@
 //! Encoding: one version byte ([`FORMAT_VERSION`]) followed by the postcard encoding of the
 //! envelope. A reader refuses a version it does not know instead of guessing.
 //!
-//! A leader that has several proposals waiting while its previous append is in flight appends
+//! A leader that has several proposals waiting while its earlier appends are in flight appends
 //! them as one record, a batch ([`FORMAT_VERSION_BATCH`]): the version byte, the number of
 //! envelopes, then each envelope as it would be encoded alone behind its length (`u32`s,
 //! little-endian). A batch is applied as
