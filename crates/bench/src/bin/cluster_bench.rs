@@ -12,6 +12,10 @@
 //! - **plain JetStream**: per request, the same keys and values grouped by partition as Cairn
 //!   groups them, one message per partition to that partition's stream (`--replicas` copies,
 //!   files), all acknowledgements awaited: the log traffic of a Cairn request without Cairn.
+//!
+//! Beside keys/s and latency it prints what explains them: the JetStream messages a request
+//! became, and the CPU time per key of the NATS servers and of this process, which runs the
+//! clients and the Cairn nodes. Every side shares the one machine's cores.
 
 use anyhow::Context;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -67,6 +71,9 @@ struct Args {
     start_timeout: f64,
 }
 
+/// The cluster's name, which names its streams.
+const CLUSTER: &str = "bench";
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Side {
     Cluster,
@@ -89,16 +96,89 @@ impl Workload {
     }
 }
 
-/// What a run achieved: keys, time, and every request's latency, sorted.
+/// What a run achieved: keys, time, every request's latency, sorted, the JetStream messages its
+/// streams took, and the CPU time it cost.
 struct Figures {
     keys: u64,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    messages: Option<u64>,
+    cpu: Cpu,
+}
+
+/// CPU time, in seconds, of the NATS servers and of this process (the clients of every side,
+/// and the Cairn nodes, which run in it).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    nats: f64,
+    process: f64,
+}
+
+impl Cpu {
+    /// Reads it from `/proc`, on a blocking thread.
+    async fn read(nats: Vec<u32>) -> anyhow::Result<Cpu> {
+        cairn_bench::blocking(move || {
+            let mut cpu = Cpu {
+                process: cpu_seconds("self")?,
+                ..Cpu::default()
+            };
+            for pid in nats {
+                cpu.nats += cpu_seconds(&pid.to_string())?;
+            }
+            Ok(cpu)
+        })
+        .await
+    }
+
+    fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            nats: self.nats - earlier.nats,
+            process: self.process - earlier.process,
+        }
+    }
+}
+
+/// User and system CPU time of process `pid` (or `self`) so far, in seconds.
+fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    // Kernel clock ticks per second as `/proc` counts them (USER_HZ): 100 on every Linux
+    // architecture Cairn builds for.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    // The command name, in parentheses, may hold spaces: count fields after its end. utime and
+    // stime are the 14th and 15th fields, the 12th and 13th after it.
+    let after_name = stat
+        .rsplit_once(')')
+        .with_context(|| format!("{path} has no command name"))?
+        .1;
+    let mut fields = after_name.split_whitespace().skip(11);
+    let mut ticks = 0.0;
+    for _ in 0..2 {
+        let field = fields
+            .next()
+            .with_context(|| format!("{path} is too short"))?;
+        ticks += field
+            .parse::<f64>()
+            .with_context(|| format!("{path}: {field} is no count of clock ticks"))?;
+    }
+    Ok(ticks / TICKS_PER_SECOND)
 }
 
 impl Figures {
     fn keys_per_second(&self) -> f64 {
         self.keys as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU time per key, in microseconds: the NATS servers' and this process's.
+    fn cpu_per_key_us(&self) -> (f64, f64) {
+        let keys = self.keys.max(1) as f64;
+        (self.cpu.nats / keys * 1e6, self.cpu.process / keys * 1e6)
+    }
+
+    /// JetStream messages per request, where the run counted them.
+    fn messages_per_request(&self) -> Option<f64> {
+        let requests = self.latencies.len().max(1) as f64;
+        self.messages.map(|m| m as f64 / requests)
     }
 
     fn latency_ms(&self, quantile: f64) -> f64 {
@@ -170,6 +250,7 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
     let single_address = format!("http://{}", single.local_addr());
     wait_until_serving(&single_address, args).await?;
     let plain = PlainJetStream::start(args, nats).await?;
+    let nats_pids: Vec<u32> = nats.servers.iter().map(|s| s.pid()).collect();
 
     let mut runs: BTreeMap<(Workload, &'static str), Vec<Figures>> = BTreeMap::new();
     for round in 1..=args.rounds {
@@ -185,7 +266,18 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
                     args.rounds,
                     workload.name(args.batch)
                 ));
-                let figures = match side {
+                let streams = match side {
+                    Side::Cluster => (0..args.partitions)
+                        .map(|p| format!("cairn-{CLUSTER}-log-{p}"))
+                        .collect(),
+                    Side::Single => Vec::new(),
+                    Side::JetStream => (0..args.partitions)
+                        .map(|p| format!("plain-p{p}"))
+                        .collect(),
+                };
+                let before = plain.last_sequences(&streams).await?;
+                let cpu_before = Cpu::read(nats_pids.clone()).await?;
+                let mut figures = match side {
                     Side::Cluster => drive_cairn(args, &addresses, workload, round).await?,
                     Side::Single => {
                         drive_cairn(args, std::slice::from_ref(&single_address), workload, round)
@@ -193,6 +285,10 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
                     }
                     Side::JetStream => plain.drive(args, round).await?,
                 };
+                figures.cpu = Cpu::read(nats_pids.clone()).await?.since(cpu_before);
+                if !streams.is_empty() {
+                    figures.messages = Some(plain.last_sequences(&streams).await? - before);
+                }
                 runs.entry((workload, label)).or_default().push(figures);
             }
         }
@@ -223,7 +319,7 @@ async fn start_cluster_node(
 ) -> anyhow::Result<cairn_node::RunningNode> {
     use cairn_node::config::{LogProviderKind, MetadataProviderKind};
     let mut config = cairn_node::Config {
-        cluster_name: "bench".into(),
+        cluster_name: CLUSTER.into(),
         node_name: format!("n{i}"),
         base_dir: dir.join(format!("n{i}")),
         bind_address: "127.0.0.1:0".parse()?,
@@ -364,6 +460,8 @@ where
         keys: latencies.len() as u64 * batch,
         elapsed: start.elapsed(),
         latencies,
+        messages: None,
+        cpu: Cpu::default(),
     })
 }
 
@@ -411,6 +509,24 @@ impl PlainJetStream {
             }
         }
         Ok(PlainJetStream { contexts })
+    }
+
+    /// The sum of the streams' last sequences: how many messages they have ever taken.
+    async fn last_sequences(&self, streams: &[String]) -> anyhow::Result<u64> {
+        let mut sum = 0;
+        for name in streams {
+            let mut stream = self.contexts[0]
+                .get_stream(name)
+                .await
+                .with_context(|| format!("look up stream {name}"))?;
+            sum += stream
+                .info()
+                .await
+                .context("stream info")?
+                .state
+                .last_sequence;
+        }
+        Ok(sum)
     }
 
     async fn drive(&self, args: &Args, round: usize) -> anyhow::Result<Figures> {
@@ -461,8 +577,15 @@ fn median(mut runs: Vec<Figures>) -> Figures {
 fn print_report(args: &Args, results: &Results) {
     println!();
     println!(
-        "{:<34} {:<16} {:>12} {:>8} {:>8}",
-        "workload", "", "keys/s", "p50 ms", "p99 ms"
+        "{:<34} {:<16} {:>10} {:>8} {:>8} {:>13} {:>14} {:>14}",
+        "workload",
+        "",
+        "keys/s",
+        "p50 ms",
+        "p99 ms",
+        "messages/req",
+        "NATS µs/key",
+        "process µs/key"
     );
     let plain = &results[&(Workload::Put, label(Side::JetStream))];
     for workload in [Workload::Put, Workload::Insert] {
@@ -471,16 +594,29 @@ fn print_report(args: &Args, results: &Results) {
                 Side::JetStream => plain,
                 _ => &results[&(workload, label(side))],
             };
+            let messages = figures
+                .messages_per_request()
+                .map_or_else(|| "-".to_string(), |m| format!("{m:.2}"));
+            let (nats_cpu, process_cpu) = figures.cpu_per_key_us();
             println!(
-                "{:<34} {:<16} {:>12.0} {:>8.2} {:>8.2}",
+                "{:<34} {:<16} {:>10.0} {:>8.2} {:>8.2} {:>13} {:>14.1} {:>14.1}",
                 workload.name(args.batch),
                 label(side),
                 figures.keys_per_second(),
                 figures.latency_ms(0.50),
-                figures.latency_ms(0.99)
+                figures.latency_ms(0.99),
+                messages,
+                nats_cpu,
+                process_cpu
             );
         }
     }
+    println!(
+        "messages/req: JetStream messages per request. µs/key: CPU time per key written, of the \
+         NATS servers and of this process (the clients and the Cairn nodes); they share the \
+         machine's {} cores.",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
     println!();
     for workload in [Workload::Put, Workload::Insert] {
         let cluster = &results[&(workload, label(Side::Cluster))];
