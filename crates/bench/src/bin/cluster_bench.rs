@@ -66,6 +66,10 @@ struct Args {
     /// Followers of each partition in the cluster (`[cluster] standbys`)
     #[arg(long, default_value_t = 1)]
     standbys: usize,
+    /// Memtable size of each partition of every Cairn node (`[partition-store]
+    /// write-buffer-bytes`); its default when not given
+    #[arg(long)]
+    write_buffer_bytes: Option<usize>,
     /// Seconds the nodes may take to serve every partition
     #[arg(long, default_value_t = 90.0)]
     start_timeout: f64,
@@ -238,6 +242,7 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
     wait_until_serving(&addresses[0], args).await?;
     progress("Cairn: starting a single node on its local log");
     let single = cairn_node::start(cairn_node::Config {
+        partition_store: partition_store(args),
         base_dir: dir.join("single"),
         bind_address: "127.0.0.1:0".parse()?,
         num_partitions: args.partitions,
@@ -311,6 +316,15 @@ fn label(side: Side) -> &'static str {
     }
 }
 
+/// Every node's partition store: the default, but for `--write-buffer-bytes`.
+fn partition_store(args: &Args) -> cairn_node::config::PartitionStoreConfig {
+    let mut config = cairn_node::config::PartitionStoreConfig::default();
+    if let Some(bytes) = args.write_buffer_bytes {
+        config.write_buffer_bytes = bytes;
+    }
+    config
+}
+
 async fn start_cluster_node(
     args: &Args,
     dir: &std::path::Path,
@@ -319,6 +333,7 @@ async fn start_cluster_node(
 ) -> anyhow::Result<cairn_node::RunningNode> {
     use cairn_node::config::{LogProviderKind, MetadataProviderKind};
     let mut config = cairn_node::Config {
+        partition_store: partition_store(args),
         cluster_name: CLUSTER.into(),
         node_name: format!("n{i}"),
         base_dir: dir.join(format!("n{i}")),
