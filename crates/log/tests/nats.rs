@@ -290,7 +290,7 @@ async fn a_failed_append_stops_neither_reads_nor_later_appends() {
     // JetStream refuses every message while the stream's largest message is one byte.
     let client = async_nats::connect(server.url()).await.unwrap();
     let jetstream = async_nats::jetstream::new(client);
-    let stream_name = format!("cairn-{name}-log-1");
+    let stream_name = cairn_log::nats::stream_name(&name, LogId(1));
     let fail = move |failing: bool| {
         let jetstream = jetstream.clone();
         let stream_name = stream_name.clone();

@@ -273,7 +273,7 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
                 ));
                 let streams = match side {
                     Side::Cluster => (0..args.partitions)
-                        .map(|p| format!("cairn-{CLUSTER}-log-{p}"))
+                        .map(|p| cairn_log::nats::stream_name(CLUSTER, cairn_types::LogId(p)))
                         .collect(),
                     Side::Single => Vec::new(),
                     Side::JetStream => (0..args.partitions)

@@ -63,6 +63,11 @@ impl NatsLogOptions {
     }
 }
 
+/// The JetStream stream that holds log `log_id` of `cluster`.
+pub fn stream_name(cluster: &str, log_id: LogId) -> String {
+    format!("cairn-{cluster}-log-{}", log_id.0)
+}
+
 /// How long connecting waits for a NATS server to answer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -124,7 +129,7 @@ impl NatsLogProvider {
     }
 
     fn stream_name(&self, log_id: LogId) -> String {
-        format!("cairn-{}-log-{}", self.options.cluster, log_id.0)
+        stream_name(&self.options.cluster, log_id)
     }
 
     fn subject(&self, log_id: LogId) -> String {
