@@ -229,16 +229,53 @@ fn main() -> anyhow::Result<()> {
 
 type Results = BTreeMap<(Workload, &'static str), Figures>;
 
+/// How long stopping one Cairn node may take before the benchmark gives up on it.
+const NODE_STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Starts the Cairn nodes, measures, and stops every node it started, also when something failed
+/// on the way: nodes left running would still be writing to RocksDB as the process exits.
 async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::Result<Results> {
-    progress(&format!("Cairn: starting {} cluster nodes", args.nodes));
-    let mut cluster = Vec::new();
-    for i in 1..=args.nodes {
-        cluster.push(start_cluster_node(args, dir, nats, i).await?);
+    let mut nodes = Vec::new();
+    let measured = measure(args, dir, nats, &mut nodes).await;
+    if measured.is_err() {
+        progress("stopping the Cairn nodes after the error below");
     }
-    let addresses: Vec<String> = cluster
-        .iter()
-        .map(|n| format!("http://{}", n.local_addr()))
-        .collect();
+    let mut stopped = Ok(());
+    for (name, node) in nodes {
+        let result = match tokio::time::timeout(NODE_STOP_LIMIT, node.shutdown()).await {
+            Ok(result) => result.with_context(|| format!("stop Cairn node {name}")),
+            Err(_) => Err(anyhow::anyhow!(
+                "Cairn node {name} did not stop within {} s",
+                NODE_STOP_LIMIT.as_secs()
+            )),
+        };
+        if let Err(err) = result {
+            progress(&format!("{err:#}"));
+            stopped = stopped.and(Err(err));
+        }
+    }
+    // The measurement's error is the one that explains the run.
+    let results = measured?;
+    stopped?;
+    Ok(results)
+}
+
+/// The nodes started so far, by name, for [`run`] to stop.
+type Nodes = Vec<(String, cairn_node::RunningNode)>;
+
+async fn measure(
+    args: &Args,
+    dir: &std::path::Path,
+    nats: &NatsCluster,
+    nodes: &mut Nodes,
+) -> anyhow::Result<Results> {
+    progress(&format!("Cairn: starting {} cluster nodes", args.nodes));
+    let mut addresses = Vec::new();
+    for i in 1..=args.nodes {
+        let node = start_cluster_node(args, dir, nats, i).await?;
+        addresses.push(format!("http://{}", node.local_addr()));
+        nodes.push((format!("n{i}"), node));
+    }
     wait_until_serving(&addresses[0], args).await?;
     progress("Cairn: starting a single node on its local log");
     let single = cairn_node::start(cairn_node::Config {
@@ -253,6 +290,7 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
     .await
     .context("start the single node")?;
     let single_address = format!("http://{}", single.local_addr());
+    nodes.push(("single".into(), single));
     wait_until_serving(&single_address, args).await?;
     let plain = PlainJetStream::start(args, nats).await?;
     let nats_pids: Vec<u32> = nats.servers.iter().map(|s| s.pid()).collect();
@@ -298,10 +336,6 @@ async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::
             }
         }
     }
-    for node in cluster {
-        node.shutdown().await?;
-    }
-    single.shutdown().await?;
     Ok(runs
         .into_iter()
         .map(|(key, runs)| (key, median(runs)))
