@@ -22,6 +22,46 @@ pub async fn blocking<T: Send + 'static>(
         .context("join a blocking task")?
 }
 
+/// User and system CPU time of process `pid` (or `self`) so far, in seconds, from `/proc`.
+/// Blocking.
+pub fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    // Kernel clock ticks per second as `/proc` counts them (USER_HZ): 100 on every Linux
+    // architecture Cairn builds for.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+    // The command name, in parentheses, may hold spaces: count fields after its end. utime and
+    // stime are the 14th and 15th fields, the 12th and 13th after it.
+    let after_name = stat
+        .rsplit_once(')')
+        .with_context(|| format!("{path} has no command name"))?
+        .1;
+    let mut fields = after_name.split_whitespace().skip(11);
+    let mut ticks = 0.0;
+    for _ in 0..2 {
+        let field = fields
+            .next()
+            .with_context(|| format!("{path} is too short"))?;
+        ticks += field
+            .parse::<f64>()
+            .with_context(|| format!("{path}: {field} is no count of clock ticks"))?;
+    }
+    Ok(ticks / TICKS_PER_SECOND)
+}
+
+/// CPU time so far, in seconds, of this process and of the processes `others` together, read on
+/// a blocking thread.
+pub async fn cpu_time(others: Vec<u32>) -> anyhow::Result<f64> {
+    blocking(move || {
+        let mut seconds = cpu_seconds("self")?;
+        for pid in others {
+            seconds += cpu_seconds(&pid.to_string())?;
+        }
+        Ok(seconds)
+    })
+    .await
+}
+
 /// The partition status that says a partition serves (`cairnctl partitions list`).
 const SERVING: &str = "active";
 /// The status of a partition the node is still bringing up; the benchmarks wait for these.
@@ -64,5 +104,33 @@ pub async fn wait_until_serving(
             starting.join(", ")
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_grows_with_work_done() {
+        let before = cpu_seconds("self").unwrap();
+        let wall = std::time::Instant::now();
+        let mut spin = 0u64;
+        let mut now = before;
+        // Busy until the reading moves (a few clock ticks), or for long enough that it must have.
+        while now - before < 0.05 && wall.elapsed() < std::time::Duration::from_secs(10) {
+            for i in 0..100_000u64 {
+                spin = std::hint::black_box(spin.wrapping_mul(31).wrapping_add(i));
+            }
+            now = cpu_seconds("self").unwrap();
+        }
+        assert!(
+            now - before >= 0.05,
+            "10 s of spinning read as {} s of CPU time",
+            now - before
+        );
+        // The same process, named by its id as another process would be.
+        let other = cpu_seconds(&std::process::id().to_string()).unwrap();
+        assert!(other >= now);
     }
 }

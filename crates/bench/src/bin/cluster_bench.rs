@@ -123,11 +123,11 @@ impl Cpu {
     async fn read(nats: Vec<u32>) -> anyhow::Result<Cpu> {
         cairn_bench::blocking(move || {
             let mut cpu = Cpu {
-                process: cpu_seconds("self")?,
+                process: cairn_bench::cpu_seconds("self")?,
                 ..Cpu::default()
             };
             for pid in nats {
-                cpu.nats += cpu_seconds(&pid.to_string())?;
+                cpu.nats += cairn_bench::cpu_seconds(&pid.to_string())?;
             }
             Ok(cpu)
         })
@@ -140,32 +140,6 @@ impl Cpu {
             process: self.process - earlier.process,
         }
     }
-}
-
-/// User and system CPU time of process `pid` (or `self`) so far, in seconds.
-fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
-    // Kernel clock ticks per second as `/proc` counts them (USER_HZ): 100 on every Linux
-    // architecture Cairn builds for.
-    const TICKS_PER_SECOND: f64 = 100.0;
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
-    // The command name, in parentheses, may hold spaces: count fields after its end. utime and
-    // stime are the 14th and 15th fields, the 12th and 13th after it.
-    let after_name = stat
-        .rsplit_once(')')
-        .with_context(|| format!("{path} has no command name"))?
-        .1;
-    let mut fields = after_name.split_whitespace().skip(11);
-    let mut ticks = 0.0;
-    for _ in 0..2 {
-        let field = fields
-            .next()
-            .with_context(|| format!("{path} is too short"))?;
-        ticks += field
-            .parse::<f64>()
-            .with_context(|| format!("{path}: {field} is no count of clock ticks"))?;
-    }
-    Ok(ticks / TICKS_PER_SECOND)
 }
 
 impl Figures {

@@ -102,6 +102,9 @@ pub struct Figures {
     pub elapsed: Duration,
     /// One per request, sorted.
     latencies: Vec<Duration>,
+    /// CPU time the run cost, in seconds, where it was read: this process's (the clients, and the
+    /// Cairn node or raw RocksDB, which run in it), plus the Redis server's for Redis.
+    pub cpu: Option<f64>,
 }
 
 impl Figures {
@@ -114,11 +117,17 @@ impl Figures {
             keys,
             elapsed,
             latencies,
+            cpu: None,
         }
     }
 
     pub fn keys_per_second(&self) -> f64 {
         self.keys as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// CPU time per key written or read, in microseconds, where the run's CPU time was read.
+    pub fn cpu_us_per_key(&self) -> Option<f64> {
+        self.cpu.map(|cpu| cpu / self.keys.max(1) as f64 * 1e6)
     }
 
     /// The latency that `quantile` of the requests did not exceed; zero without requests.
@@ -182,14 +191,17 @@ pub async fn write_read_keys(args: &Args, connection: &mut Connection) -> anyhow
 }
 
 /// Runs `workload` on every connection for `--seconds`, with the keys of pass `pass`, and hands
-/// the connections back.
+/// the connections back. The figures' CPU time is this process's and that of `server_pids` (a
+/// server that runs in a process of its own).
 pub async fn drive(
     args: &Args,
     workload: Workload,
     pass: usize,
     connections: Vec<Connection>,
+    server_pids: Vec<u32>,
 ) -> anyhow::Result<(Figures, Vec<Connection>)> {
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu_before = cairn_bench::cpu_time(server_pids.clone()).await?;
     let start = Instant::now();
     let tasks: Vec<_> = connections
         .into_iter()
@@ -220,7 +232,10 @@ pub async fn drive(
         recorders.push(recorder);
         connections.push(connection);
     }
-    Ok((Figures::new(recorders, start.elapsed()), connections))
+    let elapsed = start.elapsed();
+    let mut figures = Figures::new(recorders, elapsed);
+    figures.cpu = Some(cairn_bench::cpu_time(server_pids).await? - cpu_before);
+    Ok((figures, connections))
 }
 
 #[cfg(test)]

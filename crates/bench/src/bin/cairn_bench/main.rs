@@ -292,13 +292,14 @@ async fn interleave(
                 // Both front ends write to the one node: each run writes keys of its own.
                 let pass = (round - 1) * sides + side + 1;
                 let sent = std::mem::take(&mut driven.connections);
-                let (ran, back) = drive::drive(args, workload, pass, sent).await?;
+                let (ran, back) = drive::drive(args, workload, pass, sent, Vec::new()).await?;
                 driven.runs[i].push(ran);
                 driven.connections = back;
             }
-            if let Some(connections) = redis_connections.take() {
+            if let (Some(connections), Some(server)) = (redis_connections.take(), redis_server) {
                 progress(&format!("{of}: Redis: {}", workload.name(args.batch)));
-                let (ran, back) = drive::drive(args, workload, round, connections).await?;
+                let (ran, back) =
+                    drive::drive(args, workload, round, connections, vec![server.pid()]).await?;
                 redis[i].push(ran);
                 redis_connections = Some(back);
             }
@@ -325,15 +326,21 @@ fn median(mut runs: Vec<Figures>) -> Figures {
     runs.swap_remove((runs.len() - 1) / 2)
 }
 
-/// `keys/s p50 p99` of one run, in fixed columns.
+/// `keys/s p50 p99 CPU-per-key` of one run, in fixed columns.
 fn columns(figures: &Figures) -> String {
+    let cpu = figures
+        .cpu_us_per_key()
+        .map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
     format!(
-        "{:>12.0} {:>8.2} {:>8.2}",
+        "{:>12.0} {:>8.2} {:>8.2} {cpu:>10}",
         figures.keys_per_second(),
         millis(figures.latency(0.50)),
         millis(figures.latency(0.99))
     )
 }
+
+/// The header of the CPU column: microseconds of CPU time per key.
+const CPU_HEADER: &str = "CPU µs/key";
 
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -353,13 +360,17 @@ fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Fig
     for side in cairn {
         let name = format!("Cairn {}", side.front_end.name());
         header += &format!(
-            " | {:>23} {:>8} {:>8}",
+            " | {:>23} {:>8} {:>8} {:>10}",
             format!("{name} keys/s"),
             "p50 ms",
-            "p99 ms"
+            "p99 ms",
+            CPU_HEADER
         );
     }
-    header += &format!(" | {:>12} {:>8} {:>8}", "Redis keys/s", "p50 ms", "p99 ms");
+    header += &format!(
+        " | {:>12} {:>8} {:>8} {:>10}",
+        "Redis keys/s", "p50 ms", "p99 ms", CPU_HEADER
+    );
     for side in cairn {
         header += &format!(" | {:>16}", format!("{}/Redis", side.front_end.name()));
     }
@@ -378,7 +389,7 @@ fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Fig
                 }
             }
             RedisRun::Skipped(_) => {
-                line += &format!(" | {:>12} {:>8} {:>8}", "-", "-", "-");
+                line += &format!(" | {:>12} {:>8} {:>8} {:>10}", "-", "-", "-", "-");
                 for _ in cairn {
                     line += &format!(" | {:>16}", "-");
                 }

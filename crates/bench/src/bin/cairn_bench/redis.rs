@@ -43,6 +43,11 @@ impl Server {
         Ok(Some(server))
     }
 
+    /// The server's process id, whose CPU time the runs against it count.
+    pub fn pid(&self) -> u32 {
+        self.process.child.id()
+    }
+
     /// Kills the server and removes its folder, on a blocking thread (the kill is waited for).
     pub async fn stop(self) {
         let _ = tokio::task::spawn_blocking(move || drop(self)).await;

@@ -20,13 +20,15 @@ pub enum KeyOrder {
     Hashed,
 }
 
-/// Runs for `--seconds` and returns what it achieved.
+/// Runs for `--seconds` and returns what it achieved, with the CPU time of this process
+/// meanwhile (the writers and RocksDB's own threads). Blocking.
 pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
     let dir = tempfile::tempdir().context("create raw RocksDB's temporary folder")?;
     let mut options = rust_rocksdb::Options::default();
     options.create_if_missing(true);
     let db = Arc::new(rust_rocksdb::DB::open(&options, dir.path()).context("open raw RocksDB")?);
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu_before = cairn_bench::cpu_seconds("self")?;
     let start = Instant::now();
     let threads: Vec<_> = (0..args.clients)
         .map(|c| {
@@ -73,5 +75,7 @@ pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
             .map_err(|_| anyhow::anyhow!("a raw RocksDB writer thread panicked"))??;
         recorders.push(recorder);
     }
-    Ok(Figures::new(recorders, start.elapsed()))
+    let mut figures = Figures::new(recorders, start.elapsed());
+    figures.cpu = Some(cairn_bench::cpu_seconds("self")? - cpu_before);
+    Ok(figures)
 }

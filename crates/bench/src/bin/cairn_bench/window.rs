@@ -43,8 +43,14 @@ async fn drive_windows(args: &Args, node: &Node) -> anyhow::Result<Vec<Window>> 
             args.dedup_windows
         ));
         // Each window is a round of its own: its keys are fresh.
-        let (figures, back) =
-            drive::drive(&window_args, Workload::InsertBatch, window, connections).await?;
+        let (figures, back) = drive::drive(
+            &window_args,
+            Workload::InsertBatch,
+            window,
+            connections,
+            Vec::new(),
+        )
+        .await?;
         connections = back;
         let (mut sst_bytes, mut memtable_bytes, mut dropped) = (0, 0, 0);
         for partition in 0..u32::from(args.partitions) {
