@@ -75,12 +75,15 @@ pub enum Command {
         entries: Vec<PutEntry>,
     },
     Delete {
+        #[serde(deserialize_with = "shared::bytes_vec")]
         keys: Vec<Bytes>,
     },
     /// For every key: insert it (with `value` and `ttl_ms`) unless it is present and unexpired at
     /// the record's timestamp. The outcome says, per key, whether this record inserted it.
     InsertIfAbsent {
+        #[serde(deserialize_with = "shared::bytes_vec")]
         keys: Vec<Bytes>,
+        #[serde(deserialize_with = "shared::bytes")]
         value: Bytes,
         ttl_ms: Option<u64>,
     },
@@ -98,6 +101,7 @@ pub enum Command {
 /// One key's operation in a [`Command::Write`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteOp {
+    #[serde(deserialize_with = "shared::bytes")]
     pub key: Bytes,
     pub action: Action,
     pub condition: Condition,
@@ -108,6 +112,7 @@ pub struct WriteOp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {
     Set {
+        #[serde(deserialize_with = "shared::bytes")]
         value: Bytes,
         expiry: Expiry,
     },
@@ -162,7 +167,9 @@ pub struct WriteResult {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PutEntry {
+    #[serde(deserialize_with = "shared::bytes")]
     pub key: Bytes,
+    #[serde(deserialize_with = "shared::bytes")]
     pub value: Bytes,
     pub ttl_ms: Option<u64>,
 }
@@ -187,11 +194,44 @@ impl Envelope {
             Command::Write { .. } => FORMAT_VERSION_WRITE,
             _ => FORMAT_VERSION,
         };
-        let mut out = vec![version];
+        let mut out = Vec::with_capacity(self.encoded_bytes_hint());
+        out.push(version);
         // Serialising plain data into a Vec cannot fail.
-        let body = postcard::to_allocvec(self).expect("encode envelope");
-        out.extend_from_slice(&body);
-        Bytes::from(out)
+        Bytes::from(postcard::to_extend(self, out).expect("encode envelope"))
+    }
+
+    /// About the size of its encoding, a little more rather than less: the buffer it is encoded
+    /// into is made this large, so that encoding a request of many keys does not grow and copy it
+    /// again and again.
+    fn encoded_bytes_hint(&self) -> usize {
+        /// Bytes of the version, the header, and the command's tag and counts, or more.
+        const FIXED: usize = 96;
+        /// Bytes of a field's length, a TTL or an expiry: a varint of at most 10 bytes.
+        const FIELD: usize = 10;
+        let node = self.header.origin.as_ref().map_or(0, |o| o.node.0.len());
+        FIXED
+            + node
+            + match &self.command {
+                Command::AnnounceLeader { node, .. } => node.0.len(),
+                Command::Put { entries } => entries
+                    .iter()
+                    .map(|e| e.key.len() + e.value.len() + 3 * FIELD)
+                    .sum(),
+                Command::Delete { keys } => keys.iter().map(|k| k.len() + FIELD).sum(),
+                Command::InsertIfAbsent { keys, value, .. } => {
+                    value.len() + keys.iter().map(|k| k.len() + FIELD).sum::<usize>()
+                }
+                Command::Write { ops, .. } => ops
+                    .iter()
+                    .map(|op| {
+                        let value = match &op.action {
+                            Action::Set { value, .. } => value.len(),
+                            Action::Expire { .. } | Action::Delete => 0,
+                        };
+                        op.key.len() + value + 4 * FIELD
+                    })
+                    .sum(),
+            }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
@@ -202,6 +242,12 @@ impl Envelope {
             }
             Some((&other, _)) => Err(DecodeError::UnknownVersion(other)),
         }
+    }
+
+    /// [`Envelope::decode_record`] of a record held in `record`, whose keys and values share
+    /// `record`'s buffer instead of each being copied out of it.
+    pub fn decode_record_shared(record: &Bytes) -> Result<Vec<Envelope>, DecodeError> {
+        shared::within(record, || Envelope::decode_record(record))
     }
 
     /// One record holding `encoded` envelopes (each from [`Envelope::encode`]): the envelope
@@ -268,6 +314,105 @@ pub fn record_bytes(count: usize, envelope_bytes: usize) -> usize {
     match count {
         1 => envelope_bytes,
         n => BATCH_HEADER_BYTES + n * BATCH_FRAME_BYTES + envelope_bytes,
+    }
+}
+
+/// Decoding that shares the record's buffer: the keys and values of a record make up most of its
+/// bytes, and a processor that applies many records a second would otherwise copy every one of
+/// them into an allocation of its own before copying it into the store.
+///
+/// The byte fields of the records' types deserialize through [`bytes`] and [`bytes_vec`], which
+/// borrow the field from the input and, inside [`within`], return a slice of the record that the
+/// input is; anywhere else (or for input that is not that record) they copy, as plain `Bytes`
+/// fields would. The encoding is the same either way.
+mod shared {
+    use bytes::Bytes;
+    use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The record being decoded by [`within`] on this thread.
+        static RECORD: RefCell<Option<Bytes>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `decode`, whose byte fields from `record` then share its buffer.
+    pub(super) fn within<T>(record: &Bytes, decode: impl FnOnce() -> T) -> T {
+        /// Puts the previous record back however `decode` ends.
+        struct Restore(Option<Bytes>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let previous = self.0.take();
+                RECORD.with(|r| *r.borrow_mut() = previous);
+            }
+        }
+        let _restore = Restore(RECORD.with(|r| r.replace(Some(record.clone()))));
+        decode()
+    }
+
+    /// `field` as a slice of the record being decoded if it lies inside it, else copied.
+    fn share(field: &[u8]) -> Bytes {
+        RECORD.with(|r| match &*r.borrow() {
+            Some(record) if !field.is_empty() && within_range(record, field) => {
+                record.slice_ref(field)
+            }
+            _ => Bytes::copy_from_slice(field),
+        })
+    }
+
+    fn within_range(record: &[u8], field: &[u8]) -> bool {
+        let outer = record.as_ptr_range();
+        let inner = field.as_ptr_range();
+        outer.start <= inner.start && inner.end <= outer.end
+    }
+
+    /// One byte field, borrowed from the input.
+    struct Borrowed(Bytes);
+
+    impl<'de> Deserialize<'de> for Borrowed {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_bytes(BytesVisitor).map(Borrowed)
+        }
+    }
+
+    struct BytesVisitor;
+
+    impl<'de> Visitor<'de> for BytesVisitor {
+        type Value = Bytes;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_borrowed_bytes<E>(self, v: &'de [u8]) -> Result<Bytes, E> {
+            Ok(share(v))
+        }
+
+        fn visit_bytes<E>(self, v: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(v))
+        }
+
+        fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(v))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(byte) = seq.next_element::<u8>()? {
+                out.push(byte);
+            }
+            Ok(Bytes::from(out))
+        }
+    }
+
+    pub(super) fn bytes<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
+        Borrowed::deserialize(deserializer).map(|b| b.0)
+    }
+
+    pub(super) fn bytes_vec<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Bytes>, D::Error> {
+        let all = Vec::<Borrowed>::deserialize(deserializer)?;
+        Ok(all.into_iter().map(|b| b.0).collect())
     }
 }
 
@@ -351,7 +496,9 @@ mod tests {
                 },
                 command,
             };
-            prop_assert_eq!(Envelope::decode(&envelope.encode()).unwrap(), envelope);
+            let encoded = envelope.encode();
+            prop_assert!(encoded.len() <= envelope.encoded_bytes_hint());
+            prop_assert_eq!(Envelope::decode(&encoded).unwrap(), envelope);
         }
     }
 
@@ -374,7 +521,8 @@ mod tests {
             let record = Envelope::encode_record(&encoded);
             let envelope_bytes = encoded.iter().map(Bytes::len).sum();
             prop_assert_eq!(record.len(), record_bytes(encoded.len(), envelope_bytes));
-            prop_assert_eq!(Envelope::decode_record(&record).unwrap(), envelopes);
+            prop_assert_eq!(Envelope::decode_record(&record).unwrap(), envelopes.clone());
+            prop_assert_eq!(Envelope::decode_record_shared(&record).unwrap(), envelopes);
         }
     }
 
@@ -448,5 +596,56 @@ mod tests {
         .encode();
         assert_eq!(write[0], FORMAT_VERSION_WRITE);
         assert!(Envelope::decode(&write).is_ok());
+    }
+
+    #[test]
+    fn a_shared_decode_slices_the_record_instead_of_copying() {
+        let value = Bytes::from(vec![7u8; 100]);
+        let envelope = |command| Envelope {
+            header: Header {
+                epoch: Epoch(1),
+                timestamp_ms: 1,
+                origin: None,
+            },
+            command,
+        };
+        let record = Envelope::encode_record(&[
+            envelope(Command::Put {
+                entries: vec![PutEntry {
+                    key: Bytes::from_static(b"k1"),
+                    value: value.clone(),
+                    ttl_ms: None,
+                }],
+            })
+            .encode(),
+            envelope(Command::InsertIfAbsent {
+                keys: vec![Bytes::from_static(b"k2"), Bytes::from_static(b"k3")],
+                value: value.clone(),
+                ttl_ms: Some(5),
+            })
+            .encode(),
+        ]);
+        let inside = |b: &Bytes| {
+            let (outer, inner) = (record.as_ptr_range(), b.as_ptr_range());
+            outer.start <= inner.start && inner.end <= outer.end
+        };
+        let decoded = Envelope::decode_record_shared(&record).unwrap();
+        let Command::Put { entries } = &decoded[0].command else {
+            panic!("not a put: {:?}", decoded[0]);
+        };
+        assert!(inside(&entries[0].key) && inside(&entries[0].value));
+        assert_eq!(entries[0].value, value);
+        let Command::InsertIfAbsent { keys, value: v, .. } = &decoded[1].command else {
+            panic!("not an insert: {:?}", decoded[1]);
+        };
+        assert!(keys.iter().all(inside) && inside(v));
+        assert_eq!(keys[1], Bytes::from_static(b"k3"));
+        // The plain decode copies: its fields outlive no record.
+        let copied = Envelope::decode_record(&record).unwrap();
+        let Command::Put { entries } = &copied[0].command else {
+            panic!("not a put");
+        };
+        assert!(!inside(&entries[0].value));
+        assert_eq!(copied, decoded);
     }
 }

@@ -500,7 +500,7 @@ impl Run {
         // Decoded once: for the lookups ahead of the run and for applying.
         let decoded: Vec<Result<Vec<Envelope>, DecodeError>> = entries
             .iter()
-            .map(|entry| Envelope::decode_record(&entry.payload))
+            .map(|entry| Envelope::decode_record_shared(&entry.payload))
             .collect();
         let stored = self.read_keys_to_decide(&decoded)?;
         let mut answers = Vec::with_capacity(entries.len());
