@@ -18,10 +18,19 @@ pub(crate) fn data_key(user_key: &[u8]) -> Vec<u8> {
 
 pub(crate) fn data_key_with(pk: PartitionKey, user_key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(9 + user_key.len());
+    append_data_key_with(&mut out, pk, user_key);
+    out
+}
+
+/// [`data_key`], appended to `out`.
+pub(crate) fn append_data_key(out: &mut Vec<u8>, user_key: &[u8]) {
+    append_data_key_with(out, partition_key(user_key), user_key);
+}
+
+fn append_data_key_with(out: &mut Vec<u8>, pk: PartitionKey, user_key: &[u8]) {
     out.push(TABLE_DATA);
     out.extend_from_slice(&pk.to_be_bytes());
     out.extend_from_slice(user_key);
-    out
 }
 
 pub(crate) fn is_data_key(key: &[u8]) -> bool {
@@ -44,13 +53,12 @@ pub(crate) fn fsm_key(variable: u8) -> [u8; 2] {
     [TABLE_FSM, variable]
 }
 
-/// `[version u8][expires_at_ms u64 BE, 0 = never][value]`
-pub(crate) fn encode_value(expires_at_ms: Option<u64>, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(9 + value.len());
+/// A value as the store holds it, appended to `out`:
+/// `[version u8][expires_at_ms u64 BE, 0 = never][value]`.
+pub(crate) fn append_value(out: &mut Vec<u8>, expires_at_ms: Option<u64>, value: &[u8]) {
     out.push(VALUE_FORMAT_V1);
     out.extend_from_slice(&expires_at_ms.unwrap_or(0).to_be_bytes());
     out.extend_from_slice(value);
-    out
 }
 
 pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), String> {
@@ -73,6 +81,12 @@ pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn encode_value(expires_at_ms: Option<u64>, value: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        append_value(&mut out, expires_at_ms, value);
+        out
+    }
 
     proptest! {
         #[test]

@@ -10,6 +10,7 @@ use rust_rocksdb::{
     WriteBatch, WriteOptions,
 };
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -637,22 +638,26 @@ impl PartitionStore {
     }
 
     pub fn write_batch(&self) -> PartitionWriteBatch {
-        PartitionWriteBatch { ops: Vec::new() }
+        PartitionWriteBatch {
+            bytes: Vec::new(),
+            ops: Vec::new(),
+        }
     }
 
     /// Applies `batch` atomically. Not synced: see the crate's *Crash consistency*.
     pub fn commit(&self, batch: PartitionWriteBatch) -> Result<()> {
         let cf = self.cf()?;
-        let mut ops = batch.into_ops();
+        let PartitionWriteBatch { bytes, mut ops } = batch;
         // In key order, each insert into the memtable's skip list starts its search from where
         // the previous one ended rather than from the top. The sort is stable: the last write of
         // a key still wins.
-        ops.sort_by(|a, b| a.key().cmp(b.key()));
+        ops.sort_by(|a, b| bytes[a.key.clone()].cmp(&bytes[b.key.clone()]));
         let mut rocks = WriteBatch::default();
         for op in ops {
-            match op {
-                Op::Put(k, v) => rocks.put_cf(&cf, k, v),
-                Op::Delete(k) => rocks.delete_cf(&cf, k),
+            let key = &bytes[op.key];
+            match op.value {
+                Some(value) => rocks.put_cf(&cf, key, &bytes[value]),
+                None => rocks.delete_cf(&cf, key),
             }
         }
         let mut options = WriteOptions::default();
@@ -718,66 +723,72 @@ impl PartitionStore {
     }
 }
 
-enum Op {
-    Put(Vec<u8>, Vec<u8>),
-    Delete(Vec<u8>),
-}
-
-impl Op {
-    fn key(&self) -> &[u8] {
-        match self {
-            Op::Put(key, _) | Op::Delete(key) => key,
-        }
-    }
+/// One write of a [`PartitionWriteBatch`]: where its key and value lie in the batch's bytes.
+struct Op {
+    key: Range<usize>,
+    /// `None`: a delete.
+    value: Option<Range<usize>>,
 }
 
 /// Writes to one partition, applied together by [`PartitionStore::commit`].
 ///
 /// It records operations instead of holding a RocksDB batch so that it does not borrow a column
-/// family handle across the caller's work.
+/// family handle across the caller's work, and so that they can be sorted by key first. Their
+/// keys and values, encoded as the store holds them, go one after the other into one buffer
+/// rather than into an allocation each.
 pub struct PartitionWriteBatch {
+    bytes: Vec<u8>,
     ops: Vec<Op>,
 }
 
 impl PartitionWriteBatch {
     pub fn put(&mut self, key: &[u8], value: &[u8], expires_at_ms: Option<u64>) {
-        self.ops.push(Op::Put(
-            keys::data_key(key),
-            keys::encode_value(expires_at_ms, value),
-        ));
+        let key = self.append(|out| keys::append_data_key(out, key));
+        let value = self.append(|out| keys::append_value(out, expires_at_ms, value));
+        self.ops.push(Op {
+            key,
+            value: Some(value),
+        });
     }
 
     pub fn delete(&mut self, key: &[u8]) {
-        self.ops.push(Op::Delete(keys::data_key(key)));
+        let key = self.append(|out| keys::append_data_key(out, key));
+        self.ops.push(Op { key, value: None });
     }
 
     pub fn set_applied_lsn(&mut self, lsn: Lsn) {
-        self.ops.push(Op::Put(
-            keys::fsm_key(FSM_APPLIED_LSN).to_vec(),
-            lsn.0.to_be_bytes().to_vec(),
-        ));
+        self.put_raw(&keys::fsm_key(FSM_APPLIED_LSN), &lsn.0.to_be_bytes());
     }
 
     pub fn set_partition_time(&mut self, time_ms: u64) {
-        self.ops.push(Op::Put(
-            keys::fsm_key(FSM_PARTITION_TIME).to_vec(),
-            time_ms.to_be_bytes().to_vec(),
-        ));
+        self.put_raw(&keys::fsm_key(FSM_PARTITION_TIME), &time_ms.to_be_bytes());
     }
 
     pub fn set_leader(&mut self, leader: &LeaderState) {
         let mut raw = leader.epoch.0.to_be_bytes().to_vec();
         raw.extend_from_slice(leader.node.0.as_bytes());
-        self.ops
-            .push(Op::Put(keys::fsm_key(FSM_LEADER).to_vec(), raw));
+        self.put_raw(&keys::fsm_key(FSM_LEADER), &raw);
     }
 
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
 
-    fn into_ops(self) -> Vec<Op> {
-        self.ops
+    /// A put of a key and a value as the store holds them.
+    fn put_raw(&mut self, key: &[u8], value: &[u8]) {
+        let key = self.append(|out| out.extend_from_slice(key));
+        let value = self.append(|out| out.extend_from_slice(value));
+        self.ops.push(Op {
+            key,
+            value: Some(value),
+        });
+    }
+
+    /// Where what `write` appends to the batch's bytes lies.
+    fn append(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
+        let start = self.bytes.len();
+        write(&mut self.bytes);
+        start..self.bytes.len()
     }
 }
 
