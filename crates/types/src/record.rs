@@ -573,20 +573,24 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn unknown_version_is_refused() {
-        let err = Envelope::decode(&[9, 0, 0]).unwrap_err();
-        assert!(matches!(err, DecodeError::UnknownVersion(9)), "{err}");
-        assert!(matches!(Envelope::decode(&[]), Err(DecodeError::Empty)));
-        // Only records that older builds cannot read carry the newer version.
-        let envelope = |command| Envelope {
+    /// An envelope of `command` from no one, at epoch 1 and time 1.
+    fn envelope(command: Command) -> Envelope {
+        Envelope {
             header: Header {
                 epoch: Epoch(1),
                 timestamp_ms: 1,
                 origin: None,
             },
             command,
-        };
+        }
+    }
+
+    #[test]
+    fn unknown_version_is_refused() {
+        let err = Envelope::decode(&[9, 0, 0]).unwrap_err();
+        assert!(matches!(err, DecodeError::UnknownVersion(9)), "{err}");
+        assert!(matches!(Envelope::decode(&[]), Err(DecodeError::Empty)));
+        // Only records that older builds cannot read carry the newer version.
         let put = envelope(Command::Delete { keys: vec![] }).encode();
         assert_eq!(put[0], FORMAT_VERSION);
         let write = envelope(Command::Write {
@@ -601,14 +605,6 @@ mod tests {
     #[test]
     fn a_shared_decode_slices_the_record_instead_of_copying() {
         let value = Bytes::from(vec![7u8; 100]);
-        let envelope = |command| Envelope {
-            header: Header {
-                epoch: Epoch(1),
-                timestamp_ms: 1,
-                origin: None,
-            },
-            command,
-        };
         let record = Envelope::encode_record(&[
             envelope(Command::Put {
                 entries: vec![PutEntry {
