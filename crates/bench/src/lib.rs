@@ -49,17 +49,40 @@ pub fn cpu_seconds(pid: &str) -> anyhow::Result<f64> {
     Ok(ticks / TICKS_PER_SECOND)
 }
 
-/// CPU time so far, in seconds, of this process and of the processes `others` together, read on
-/// a blocking thread.
-pub async fn cpu_time(others: Vec<u32>) -> anyhow::Result<f64> {
-    blocking(move || {
-        let mut seconds = cpu_seconds("self")?;
-        for pid in others {
-            seconds += cpu_seconds(&pid.to_string())?;
+/// CPU time so far, in seconds: this process's, and that of other processes together.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTime {
+    pub own: f64,
+    pub others: f64,
+}
+
+impl CpuTime {
+    /// Reads this process's and `others`' from `/proc`, on a blocking thread.
+    pub async fn read(others: Vec<u32>) -> anyhow::Result<CpuTime> {
+        blocking(move || {
+            let mut time = CpuTime {
+                own: cpu_seconds("self")?,
+                others: 0.0,
+            };
+            for pid in others {
+                time.others += cpu_seconds(&pid.to_string())?;
+            }
+            Ok(time)
+        })
+        .await
+    }
+
+    /// The CPU time spent since `earlier`.
+    pub fn since(self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            own: self.own - earlier.own,
+            others: self.others - earlier.others,
         }
-        Ok(seconds)
-    })
-    .await
+    }
+
+    pub fn total(self) -> f64 {
+        self.own + self.others
+    }
 }
 
 /// The partition status that says a partition serves (`cairnctl partitions list`).

@@ -19,6 +19,7 @@
 
 use anyhow::Context;
 use bytes::{BufMut, Bytes, BytesMut};
+use cairn_bench::CpuTime;
 use cairn_bench::report::progress;
 use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient};
 use cairn_metadata::test_util::NatsCluster;
@@ -107,39 +108,9 @@ struct Figures {
     elapsed: Duration,
     latencies: Vec<Duration>,
     messages: Option<u64>,
-    cpu: Cpu,
-}
-
-/// CPU time, in seconds, of the NATS servers and of this process (the clients of every side,
-/// and the Cairn nodes, which run in it).
-#[derive(Clone, Copy, Default)]
-struct Cpu {
-    nats: f64,
-    process: f64,
-}
-
-impl Cpu {
-    /// Reads it from `/proc`, on a blocking thread.
-    async fn read(nats: Vec<u32>) -> anyhow::Result<Cpu> {
-        cairn_bench::blocking(move || {
-            let mut cpu = Cpu {
-                process: cairn_bench::cpu_seconds("self")?,
-                ..Cpu::default()
-            };
-            for pid in nats {
-                cpu.nats += cairn_bench::cpu_seconds(&pid.to_string())?;
-            }
-            Ok(cpu)
-        })
-        .await
-    }
-
-    fn since(self, earlier: Cpu) -> Cpu {
-        Cpu {
-            nats: self.nats - earlier.nats,
-            process: self.process - earlier.process,
-        }
-    }
+    /// CPU time of this process (the clients of every side, and the Cairn nodes, which run in
+    /// it) and of the NATS servers.
+    cpu: CpuTime,
 }
 
 impl Figures {
@@ -150,7 +121,7 @@ impl Figures {
     /// CPU time per key, in microseconds: the NATS servers' and this process's.
     fn cpu_per_key_us(&self) -> (f64, f64) {
         let keys = self.keys.max(1) as f64;
-        (self.cpu.nats / keys * 1e6, self.cpu.process / keys * 1e6)
+        (self.cpu.others / keys * 1e6, self.cpu.own / keys * 1e6)
     }
 
     /// JetStream messages per request, where the run counted them.
@@ -293,7 +264,7 @@ async fn measure(
                         .collect(),
                 };
                 let before = plain.last_sequences(&streams).await?;
-                let cpu_before = Cpu::read(nats_pids.clone()).await?;
+                let cpu_before = CpuTime::read(nats_pids.clone()).await?;
                 let mut figures = match side {
                     Side::Cluster => drive_cairn(args, &addresses, workload, round).await?,
                     Side::Single => {
@@ -302,7 +273,7 @@ async fn measure(
                     }
                     Side::JetStream => plain.drive(args, round).await?,
                 };
-                figures.cpu = Cpu::read(nats_pids.clone()).await?.since(cpu_before);
+                figures.cpu = CpuTime::read(nats_pids.clone()).await?.since(cpu_before);
                 if !streams.is_empty() {
                     figures.messages = Some(plain.last_sequences(&streams).await? - before);
                 }
@@ -484,7 +455,7 @@ where
         elapsed: start.elapsed(),
         latencies,
         messages: None,
-        cpu: Cpu::default(),
+        cpu: CpuTime::default(),
     })
 }
 

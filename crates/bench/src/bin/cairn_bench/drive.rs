@@ -201,7 +201,7 @@ pub async fn drive(
     server_pids: Vec<u32>,
 ) -> anyhow::Result<(Figures, Vec<Connection>)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let cpu_before = cairn_bench::cpu_time(server_pids.clone()).await?;
+    let cpu_before = cairn_bench::CpuTime::read(server_pids.clone()).await?;
     let start = Instant::now();
     let tasks: Vec<_> = connections
         .into_iter()
@@ -232,9 +232,11 @@ pub async fn drive(
         recorders.push(recorder);
         connections.push(connection);
     }
-    let elapsed = start.elapsed();
-    let mut figures = Figures::new(recorders, elapsed);
-    figures.cpu = Some(cairn_bench::cpu_time(server_pids).await? - cpu_before);
+    let mut figures = Figures::new(recorders, start.elapsed());
+    let cpu = cairn_bench::CpuTime::read(server_pids)
+        .await?
+        .since(cpu_before);
+    figures.cpu = Some(cpu.total());
     Ok((figures, connections))
 }
 
