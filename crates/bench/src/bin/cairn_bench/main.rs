@@ -20,6 +20,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod cairn;
 mod drive;
+mod ratio;
 mod redis;
 mod rocksdb;
 mod window;
@@ -30,6 +31,7 @@ use bytes::Bytes;
 use cairn_bench::report::progress;
 use clap::Parser;
 use drive::{Figures, Workload};
+use ratio::Ratio;
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
@@ -140,7 +142,7 @@ impl Args {
 enum RedisRun {
     Ran {
         version: String,
-        figures: Vec<Figures>,
+        figures: Vec<Summary>,
     },
     Skipped(String),
 }
@@ -172,8 +174,8 @@ fn main() -> anyhow::Result<()> {
 /// Runs every workload `--rounds` times, interleaved (raw RocksDB if the batched put runs, then
 /// each workload on Cairn through each front end and right after on Redis), so that a noisy moment
 /// of the machine hits every side alike.
-/// Returns, per workload, the round of median throughput of each side.
-async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<[Figures; 2]>)> {
+/// Returns, per workload, each side's rounds.
+async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<[Summary; 2]>)> {
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
     progress("Redis: starting a server");
@@ -195,7 +197,7 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<
     let redis = match version {
         Some(version) => RedisRun::Ran {
             version,
-            figures: redis.into_iter().map(median).collect(),
+            figures: redis.into_iter().map(Summary::of).collect(),
         },
         None => RedisRun::Skipped(format!(
             "Redis skipped: {} is not installed (scripts/setup-debian.sh installs it; \
@@ -204,21 +206,44 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<
         )),
     };
     let [client_order, hash_order] = raw;
-    let raw = (!client_order.is_empty()).then(|| [median(client_order), median(hash_order)]);
+    let raw =
+        (!client_order.is_empty()).then(|| [Summary::of(client_order), Summary::of(hash_order)]);
     let cairn = cairn
         .into_iter()
         .map(|(front_end, runs)| Side {
             front_end,
-            figures: runs.into_iter().map(median).collect(),
+            figures: runs.into_iter().map(Summary::of).collect(),
         })
         .collect();
     Ok((cairn, redis, raw))
 }
 
-/// What Cairn achieved through one front end: per workload, the run of median throughput.
+/// What Cairn achieved through one front end, per workload.
 struct Side {
     front_end: FrontEnd,
-    figures: Vec<Figures>,
+    figures: Vec<Summary>,
+}
+
+/// The rounds of one workload on one side: the run of median throughput, whose figures the report
+/// shows, and every round's keys/s, in round order, for the ratios ([`Ratio::paired`]).
+struct Summary {
+    median: Figures,
+    keys_per_second: Vec<f64>,
+}
+
+impl Summary {
+    fn of(runs: Vec<Figures>) -> Summary {
+        Summary {
+            keys_per_second: runs.iter().map(Figures::keys_per_second).collect(),
+            median: median(runs),
+        }
+    }
+
+    /// This side's throughput over `other`'s, round by round.
+    fn ratio_to(&self, other: &Summary) -> String {
+        Ratio::paired(&self.keys_per_second, &other.keys_per_second)
+            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string())
+    }
 }
 
 /// Per front end of Cairn and per workload, every round's figures; the same of Redis (none
@@ -346,7 +371,7 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Figures; 2]>) {
+fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Summary; 2]>) {
     match redis {
         RedisRun::Ran { version, .. } => println!(
             "Redis {version}: its own server on loopback, appendonly yes, appendfsync always; \
@@ -372,26 +397,25 @@ fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Fig
         "Redis keys/s", "p50 ms", "p99 ms", CPU_HEADER
     );
     for side in cairn {
-        header += &format!(" | {:>16}", format!("{}/Redis", side.front_end.name()));
+        header += &format!(" | {:>20}", format!("{}/Redis", side.front_end.name()));
     }
     println!("{header}");
     for (i, workload) in args.workloads.iter().enumerate() {
         let mut line = format!("{:<34}", workload.name(args.batch));
         for side in cairn {
-            line += &format!(" | {:>11}{}", "", columns(&side.figures[i]));
+            line += &format!(" | {:>11}{}", "", columns(&side.figures[i].median));
         }
         match redis {
             RedisRun::Ran { figures, .. } => {
-                line += &format!(" | {}", columns(&figures[i]));
+                line += &format!(" | {}", columns(&figures[i].median));
                 for side in cairn {
-                    let ratio = side.figures[i].keys_per_second() / figures[i].keys_per_second();
-                    line += &format!(" | {ratio:>16.2}");
+                    line += &format!(" | {:>20}", side.figures[i].ratio_to(&figures[i]));
                 }
             }
             RedisRun::Skipped(_) => {
                 line += &format!(" | {:>12} {:>8} {:>8} {:>10}", "-", "-", "-", "-");
                 for _ in cairn {
-                    line += &format!(" | {:>16}", "-");
+                    line += &format!(" | {:>20}", "-");
                 }
             }
         }
@@ -405,19 +429,19 @@ fn print_report(args: &Args, cairn: &[Side], redis: &RedisRun, raw: Option<&[Fig
             "{:<34}   {:>11}{}",
             format!("raw RocksDB, batches, {}", raw_name(order)),
             "",
-            columns(figures)
+            columns(&figures.median)
         );
     }
     if let Some(i) = args.workloads.iter().position(|w| *w == Workload::PutBatch) {
         println!();
         for side in cairn {
-            let put = side.figures[i].keys_per_second();
+            let put = &side.figures[i];
             println!(
-                "batched put through Cairn's {}, Cairn/raw RocksDB: {:.2} (keys in hash order, \
-                 as Cairn stores them: {:.2})",
+                "batched put through Cairn's {}, Cairn/raw RocksDB: {} (keys in hash order, \
+                 as Cairn stores them: {})",
                 side.front_end.name(),
-                put / raw[0].keys_per_second(),
-                put / raw[1].keys_per_second()
+                put.ratio_to(&raw[0]),
+                put.ratio_to(&raw[1])
             );
         }
     }
