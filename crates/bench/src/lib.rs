@@ -1,12 +1,13 @@
-//! What the benchmark binaries share: the plain copies they measure against, progress lines on
-//! stderr, and the way their reports show sizes and times. moto's S3 server comes from
-//! `cairn_snapshots::test_util::moto`, shared with the tests.
+//! What the benchmark binaries share: the plain copies they measure against, their ratios taken
+//! round by round, progress lines on stderr, and the way their reports show sizes and times.
+//! moto's S3 server comes from `cairn_snapshots::test_util::moto`, shared with the tests.
 //!
 //! Architecture invariant: nothing here measures anything; each binary owns its figures. The code
 //! under measurement runs on the benchmark's runtime, so the binaries keep RocksDB, file-system and
 //! process calls off its threads ([`blocking`]).
 
 pub mod copy;
+pub mod ratio;
 pub mod redis_server;
 pub mod report;
 

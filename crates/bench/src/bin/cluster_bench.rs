@@ -5,7 +5,8 @@
 //! It starts three clustered `nats-server`s (`scripts/setup-debian.sh` installs `nats-server`),
 //! three Cairn nodes in this process (logs and metadata in NATS, snapshots in a shared temporary
 //! folder) and a single node with the local log. Every workload runs `--rounds` times, the three
-//! sides one after the other in each round; the report shows each side's median round.
+//! sides one after the other in each round; the report shows each side's median round, and the
+//! ratios of each round: their median and range.
 //!
 //! - **put** and **insert-if-absent**: `--batch` fresh keys per request, `--clients` clients
 //!   spread over the nodes (a node forwards the keys of partitions it does not lead).
@@ -20,6 +21,7 @@
 use anyhow::Context;
 use bytes::{BufMut, Bytes, BytesMut};
 use cairn_bench::CpuTime;
+use cairn_bench::ratio::Ratio;
 use cairn_bench::report::progress;
 use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient};
 use cairn_metadata::test_util::NatsCluster;
@@ -172,7 +174,22 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-type Results = BTreeMap<(Workload, &'static str), Figures>;
+type Results = BTreeMap<(Workload, &'static str), Rounds>;
+
+/// Every round of one workload on one side: the run of median throughput, whose figures the
+/// report shows, and each round's keys/s in round order, for the ratios ([`Ratio::paired`]).
+struct Rounds {
+    median: Figures,
+    keys_per_second: Vec<f64>,
+}
+
+impl Rounds {
+    /// This side's throughput over `other`'s, round by round.
+    fn ratio_to(&self, other: &Rounds) -> String {
+        Ratio::paired(&self.keys_per_second, &other.keys_per_second)
+            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string())
+    }
+}
 
 /// How long stopping one Cairn node may take before the benchmark gives up on it.
 const NODE_STOP_LIMIT: Duration = Duration::from_secs(30);
@@ -283,7 +300,14 @@ async fn measure(
     }
     Ok(runs
         .into_iter()
-        .map(|(key, runs)| (key, median(runs)))
+        .map(|(key, runs)| {
+            let keys_per_second = runs.iter().map(Figures::keys_per_second).collect();
+            let rounds = Rounds {
+                median: median(runs),
+                keys_per_second,
+            };
+            (key, rounds)
+        })
         .collect())
 }
 
@@ -585,8 +609,8 @@ fn print_report(args: &Args, results: &Results) {
     for workload in [Workload::Put, Workload::Insert] {
         for side in [Side::Cluster, Side::Single, Side::JetStream] {
             let figures = match side {
-                Side::JetStream => plain,
-                _ => &results[&(workload, label(side))],
+                Side::JetStream => &plain.median,
+                _ => &results[&(workload, label(side))].median,
             };
             let messages = figures
                 .messages_per_request()
@@ -616,10 +640,10 @@ fn print_report(args: &Args, results: &Results) {
         let cluster = &results[&(workload, label(Side::Cluster))];
         let single = &results[&(workload, label(Side::Single))];
         println!(
-            "{}: cluster/plain JetStream {:.2}, cluster/single node {:.2}",
+            "{}: cluster/plain JetStream {}, cluster/single node {}",
             workload.name(args.batch),
-            cluster.keys_per_second() / plain.keys_per_second(),
-            cluster.keys_per_second() / single.keys_per_second()
+            cluster.ratio_to(plain),
+            cluster.ratio_to(single)
         );
     }
 }

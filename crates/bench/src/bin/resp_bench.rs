@@ -1,8 +1,8 @@
 //! `redis-benchmark` against Cairn's Redis-protocol port and against `redis-server --appendonly
 //! yes --appendfsync always`, in the same run with the same flags: `SET`, `GET` and `SET … NX EX`
 //! (Cairn's insert-if-absent), pipelined and one command at a time. Prints requests per second,
-//! p50/p99 latency and the ratio Cairn ÷ Redis per workload, the medians of `--rounds` rounds that
-//! alternate between the two servers.
+//! p50/p99 latency per workload, the medians of `--rounds` rounds that alternate between the two
+//! servers, and the ratio Cairn ÷ Redis of each round: their median and range.
 //!
 //! ```text
 //! cargo build --release --workspace --all-features --bins
@@ -11,6 +11,7 @@
 //! ```
 
 use anyhow::{Context, bail};
+use cairn_bench::ratio::Ratio;
 use cairn_bench::redis_server::RedisProcess;
 use cairn_bench::report;
 use clap::Parser;
@@ -262,7 +263,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!(
-        "\nredis-benchmark -c {} -d {} -r {} -n {} (one at a time: -n {}), medians of {} rounds",
+        "\nredis-benchmark -c {} -d {} -r {} -n {} (one at a time: -n {}), medians of {} rounds; the ratio of each round, their median and range",
         args.clients,
         args.value_bytes,
         args.keyspace,
@@ -275,14 +276,18 @@ async fn main() -> anyhow::Result<()> {
         args.partitions
     );
     println!(
-        "{:<32} {:>4} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>7}",
+        "{:<32} {:>4} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>17}",
         "workload", "-P", "Cairn rps", "p50 ms", "p99 ms", "Redis rps", "p50 ms", "p99 ms", "ratio"
     );
     for (i, &(workload, pipeline)) in shapes.iter().enumerate() {
+        let rps = |runs: &[Figures]| runs.iter().map(|f| f.rps).collect::<Vec<_>>();
+        // Round by round: each round ran both servers one right after the other.
+        let ratio = Ratio::paired(&rps(&cairn[i]), &rps(&redis_figures[i]))
+            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string());
         let c = median(cairn[i].clone());
         let r = median(redis_figures[i].clone());
         println!(
-            "{:<32} {:>4} {:>12.0} {:>9.2} {:>9.2} {:>12.0} {:>9.2} {:>9.2} {:>7.2}",
+            "{:<32} {:>4} {:>12.0} {:>9.2} {:>9.2} {:>12.0} {:>9.2} {:>9.2} {:>17}",
             workload.name(),
             pipeline,
             c.rps,
@@ -291,7 +296,7 @@ async fn main() -> anyhow::Result<()> {
             r.rps,
             r.p50_ms,
             r.p99_ms,
-            c.rps / r.rps
+            ratio
         );
     }
     node.shutdown().await.context("stop the Cairn node")?;

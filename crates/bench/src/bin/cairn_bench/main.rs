@@ -20,7 +20,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 mod cairn;
 mod drive;
-mod ratio;
 mod redis;
 mod rocksdb;
 mod window;
@@ -28,10 +27,10 @@ mod window;
 use rocksdb::KeyOrder;
 
 use bytes::Bytes;
+use cairn_bench::ratio::Ratio;
 use cairn_bench::report::progress;
 use clap::Parser;
 use drive::{Figures, Workload};
-use ratio::Ratio;
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
