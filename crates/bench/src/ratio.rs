@@ -44,6 +44,34 @@ impl Ratio {
     }
 }
 
+/// Every round of one workload on one side: the run of median throughput, whose figures a report
+/// shows, and each round's throughput in round order, for the ratios.
+pub struct Rounds<F> {
+    pub median: F,
+    pub throughput: Vec<f64>,
+}
+
+impl<F> Rounds<F> {
+    /// `runs` in round order, and how to read a run's throughput. The median run is the lower
+    /// middle one of an even count.
+    pub fn of(mut runs: Vec<F>, throughput: impl Fn(&F) -> f64) -> Rounds<F> {
+        assert!(!runs.is_empty(), "a workload ran at least one round");
+        let in_order = runs.iter().map(&throughput).collect();
+        runs.sort_by(|a, b| throughput(a).total_cmp(&throughput(b)));
+        Rounds {
+            median: runs.swap_remove((runs.len() - 1) / 2),
+            throughput: in_order,
+        }
+    }
+
+    /// This side's throughput over `other`'s, round by round, as the report prints it: `-` if
+    /// there is none.
+    pub fn ratio_to<G>(&self, other: &Rounds<G>) -> String {
+        Ratio::paired(&self.throughput, &other.throughput)
+            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string())
+    }
+}
+
 /// `0.81`, or with more than one round `0.81 (0.74-0.90)`: the median, then the range. Takes the
 /// formatter's width for the whole.
 impl fmt::Display for Ratio {
@@ -82,6 +110,21 @@ mod tests {
     fn no_shared_round_or_a_zero_gives_no_ratio() {
         assert_eq!(Ratio::paired(&[], &[1.0]), None);
         assert_eq!(Ratio::paired(&[1.0, 2.0], &[1.0, 0.0]), None);
+    }
+
+    #[test]
+    fn rounds_keep_their_order_for_the_ratios_and_pick_the_median_run() {
+        // Runs as (name, keys/s), in round order.
+        let fast = Rounds::of(vec![("a", 300.0), ("b", 100.0), ("c", 200.0)], |r| r.1);
+        assert_eq!(fast.median.0, "c");
+        assert_eq!(fast.throughput, [300.0, 100.0, 200.0]);
+        let even = Rounds::of(vec![("a", 4.0), ("b", 1.0), ("c", 3.0), ("d", 2.0)], |r| {
+            r.1
+        });
+        assert_eq!(even.median.0, "d", "the lower middle one");
+        let slow = Rounds::of(vec![150.0, 50.0, 100.0], |r| *r);
+        assert_eq!(fast.ratio_to(&slow), "2.00 (2.00-2.00)");
+        assert_eq!(fast.ratio_to(&Rounds::of(vec![0.0], |r| *r)), "-");
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use anyhow::Context;
 use bytes::{BufMut, Bytes, BytesMut};
 use cairn_bench::CpuTime;
-use cairn_bench::ratio::Ratio;
+use cairn_bench::ratio::Rounds;
 use cairn_bench::report::progress;
 use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient};
 use cairn_metadata::test_util::NatsCluster;
@@ -174,22 +174,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-type Results = BTreeMap<(Workload, &'static str), Rounds>;
-
-/// Every round of one workload on one side: the run of median throughput, whose figures the
-/// report shows, and each round's keys/s in round order, for the ratios ([`Ratio::paired`]).
-struct Rounds {
-    median: Figures,
-    keys_per_second: Vec<f64>,
-}
-
-impl Rounds {
-    /// This side's throughput over `other`'s, round by round.
-    fn ratio_to(&self, other: &Rounds) -> String {
-        Ratio::paired(&self.keys_per_second, &other.keys_per_second)
-            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string())
-    }
-}
+type Results = BTreeMap<(Workload, &'static str), Rounds<Figures>>;
 
 /// How long stopping one Cairn node may take before the benchmark gives up on it.
 const NODE_STOP_LIMIT: Duration = Duration::from_secs(30);
@@ -300,14 +285,7 @@ async fn measure(
     }
     Ok(runs
         .into_iter()
-        .map(|(key, runs)| {
-            let keys_per_second = runs.iter().map(Figures::keys_per_second).collect();
-            let rounds = Rounds {
-                median: median(runs),
-                keys_per_second,
-            };
-            (key, rounds)
-        })
+        .map(|(key, runs)| (key, Rounds::of(runs, Figures::keys_per_second)))
         .collect())
 }
 
@@ -584,12 +562,6 @@ impl PlainJetStream {
         })
         .await
     }
-}
-
-/// The run of median throughput (the lower middle one of an even count).
-fn median(mut runs: Vec<Figures>) -> Figures {
-    runs.sort_by(|a, b| a.keys_per_second().total_cmp(&b.keys_per_second()));
-    runs.swap_remove((runs.len() - 1) / 2)
 }
 
 fn print_report(args: &Args, results: &Results) {

@@ -11,7 +11,7 @@
 //! ```
 
 use anyhow::{Context, bail};
-use cairn_bench::ratio::Ratio;
+use cairn_bench::ratio::Rounds;
 use cairn_bench::redis_server::RedisProcess;
 use cairn_bench::report;
 use clap::Parser;
@@ -182,11 +182,6 @@ fn wait_until_writable(port: u16, timeout: Duration) -> anyhow::Result<()> {
     }
 }
 
-fn median(mut values: Vec<Figures>) -> Figures {
-    values.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-    values[values.len() / 2]
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -280,12 +275,11 @@ async fn main() -> anyhow::Result<()> {
         "workload", "-P", "Cairn rps", "p50 ms", "p99 ms", "Redis rps", "p50 ms", "p99 ms", "ratio"
     );
     for (i, &(workload, pipeline)) in shapes.iter().enumerate() {
-        let rps = |runs: &[Figures]| runs.iter().map(|f| f.rps).collect::<Vec<_>>();
+        let cairn_rounds = Rounds::of(cairn[i].clone(), |f| f.rps);
+        let redis_rounds = Rounds::of(redis_figures[i].clone(), |f| f.rps);
         // Round by round: each round ran both servers one right after the other.
-        let ratio = Ratio::paired(&rps(&cairn[i]), &rps(&redis_figures[i]))
-            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string());
-        let c = median(cairn[i].clone());
-        let r = median(redis_figures[i].clone());
+        let ratio = cairn_rounds.ratio_to(&redis_rounds);
+        let (c, r) = (cairn_rounds.median, redis_rounds.median);
         println!(
             "{:<32} {:>4} {:>12.0} {:>9.2} {:>9.2} {:>12.0} {:>9.2} {:>9.2} {:>17}",
             workload.name(),

@@ -27,7 +27,7 @@ mod window;
 use rocksdb::KeyOrder;
 
 use bytes::Bytes;
-use cairn_bench::ratio::Ratio;
+use cairn_bench::ratio;
 use cairn_bench::report::progress;
 use clap::Parser;
 use drive::{Figures, Workload};
@@ -196,7 +196,7 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<
     let redis = match version {
         Some(version) => RedisRun::Ran {
             version,
-            figures: redis.into_iter().map(Summary::of).collect(),
+            figures: redis.into_iter().map(summary).collect(),
         },
         None => RedisRun::Skipped(format!(
             "Redis skipped: {} is not installed (scripts/setup-debian.sh installs it; \
@@ -205,13 +205,12 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<
         )),
     };
     let [client_order, hash_order] = raw;
-    let raw =
-        (!client_order.is_empty()).then(|| [Summary::of(client_order), Summary::of(hash_order)]);
+    let raw = (!client_order.is_empty()).then(|| [summary(client_order), summary(hash_order)]);
     let cairn = cairn
         .into_iter()
         .map(|(front_end, runs)| Side {
             front_end,
-            figures: runs.into_iter().map(Summary::of).collect(),
+            figures: runs.into_iter().map(summary).collect(),
         })
         .collect();
     Ok((cairn, redis, raw))
@@ -223,26 +222,12 @@ struct Side {
     figures: Vec<Summary>,
 }
 
-/// The rounds of one workload on one side: the run of median throughput, whose figures the report
-/// shows, and every round's keys/s, in round order, for the ratios ([`Ratio::paired`]).
-struct Summary {
-    median: Figures,
-    keys_per_second: Vec<f64>,
-}
+/// Every round of one workload on one side.
+type Summary = ratio::Rounds<Figures>;
 
-impl Summary {
-    fn of(runs: Vec<Figures>) -> Summary {
-        Summary {
-            keys_per_second: runs.iter().map(Figures::keys_per_second).collect(),
-            median: median(runs),
-        }
-    }
-
-    /// This side's throughput over `other`'s, round by round.
-    fn ratio_to(&self, other: &Summary) -> String {
-        Ratio::paired(&self.keys_per_second, &other.keys_per_second)
-            .map_or_else(|| "-".to_string(), |ratio| ratio.to_string())
-    }
+/// Keeps `runs` (in round order) for the report.
+fn summary(runs: Vec<Figures>) -> Summary {
+    ratio::Rounds::of(runs, Figures::keys_per_second)
 }
 
 /// Per front end of Cairn and per workload, every round's figures; the same of Redis (none
@@ -342,12 +327,6 @@ struct Driven {
     front_end: FrontEnd,
     connections: Vec<drive::Connection>,
     runs: Vec<Vec<Figures>>,
-}
-
-/// The run of median throughput (the lower middle one of an even count).
-fn median(mut runs: Vec<Figures>) -> Figures {
-    runs.sort_by(|a, b| a.keys_per_second().total_cmp(&b.keys_per_second()));
-    runs.swap_remove((runs.len() - 1) / 2)
 }
 
 /// `keys/s p50 p99 CPU-per-key` of one run, in fixed columns.
