@@ -30,6 +30,9 @@ impl RedisProcess {
             ])
             .args(["--daemonize", "no", "--logfile"])
             .arg(dir.path().join("redis.log"))
+            // Redis's jemalloc reads the same variable as the benchmark's: a setting meant for
+            // Cairn's side of a comparison must not change Redis's.
+            .env_remove("MALLOC_CONF")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
