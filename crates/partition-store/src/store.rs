@@ -279,6 +279,14 @@ fn column_family_options(
     cf.set_compression_type(DBCompressionType::Lz4);
     cf.set_bottommost_compression_type(DBCompressionType::Lz4);
     cf.set_compaction_filter_factory(ExpiryFilterFactory(expiry));
+    // Until a partition holds a few hundred MiB, all of it is in one level, and every compaction
+    // of level 0 rewrites that whole level along with the new files. Eight files instead of
+    // RocksDB's four per compaction halve how often it is rewritten: over 100 s of batched puts
+    // on 16 partitions, compactions took a fifth of the node's CPU with four, and eight gave 8%
+    // more keys/s over the whole run and 13% more in its last 25 s; batched insert-if-absent,
+    // whose lookups read up to twice as many level-0 files (most passed over by their bloom
+    // filters), came out even.
+    cf.set_level_zero_file_num_compaction_trigger(8);
     cf
 }
 
