@@ -175,7 +175,9 @@ pub enum LogProviderKind {
 pub struct PartitionStoreConfig {
     /// Block cache shared by all partitions, in bytes.
     pub block_cache_bytes: usize,
-    /// Memtable size of each partition, in bytes; up to two per partition are in memory at once.
+    /// How much of each partition's newest writes is held in memory before it is flushed to one
+    /// file, in bytes; it fills eight memtables of an eighth of it, and up to twice as much is in
+    /// memory while a flush runs.
     pub write_buffer_bytes: usize,
 }
 

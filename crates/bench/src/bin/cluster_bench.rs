@@ -69,8 +69,8 @@ struct Args {
     /// Followers of each partition in the cluster (`[cluster] standbys`)
     #[arg(long, default_value_t = 1)]
     standbys: usize,
-    /// Memtable size of each partition of every Cairn node (`[partition-store]
-    /// write-buffer-bytes`); its default when not given
+    /// Bytes each partition of every Cairn node holds in memory before a flush
+    /// (`[partition-store] write-buffer-bytes`); its default when not given
     #[arg(long)]
     write_buffer_bytes: Option<usize>,
     /// Seconds the nodes may take to serve every partition

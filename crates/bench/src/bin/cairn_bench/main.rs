@@ -57,7 +57,7 @@ struct Args {
     /// Partitions of the benchmarked Cairn node
     #[arg(long, default_value_t = 16)]
     partitions: u16,
-    /// Memtable size of each of the Cairn node's partitions (the node's
+    /// Bytes each of the Cairn node's partitions holds in memory before a flush (the node's
     /// `[partition-store] write-buffer-bytes`); its default when not given
     #[arg(long)]
     write_buffer_bytes: Option<usize>,
