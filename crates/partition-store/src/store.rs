@@ -23,8 +23,8 @@ pub struct StoreOptions {
     pub block_cache_bytes: usize,
     /// How much of a partition's newest writes its store holds in memory before it writes them
     /// out as one level-0 file, in bytes. They fill [`MEMTABLES_PER_FLUSH`] memtables of that
-    /// fraction of it each, which are flushed together; up to twice as many are in memory while a
-    /// flush runs.
+    /// fraction of it each, which are flushed together; up to twice this much is in memory while
+    /// a flush runs.
     pub write_buffer_bytes: usize,
 }
 
