@@ -556,6 +556,63 @@ async fn set_nx_raced_by_many_connections_admits_each_key_once() {
     server.stop();
 }
 
+/// A pipeline of `SET k v NX EX t` with one value goes as one insert-if-absent: its replies are
+/// still Redis's, for a key that exists, one that expired, and a key given twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipeline_of_set_nx_answers_as_redis_does() {
+    async fn run(address: &str) -> (Vec<String>, Vec<String>) {
+        let mut c = connect(address).await;
+        let set = |args: &[&str]| {
+            let mut command = redis::cmd("SET");
+            for arg in args {
+                command.arg(*arg);
+            }
+            command
+        };
+        let _: Value = set(&["nx:held", "old"]).query_async(&mut c).await.unwrap();
+        let _: Value = set(&["nx:expired", "old", "PX", "1"])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut pipe = redis::pipe();
+        for key in ["nx:held", "nx:new", "nx:new", "nx:expired", "nx:other"] {
+            pipe.add_command(set(&[key, "v", "NX", "EX", "100"]));
+        }
+        let replies: Vec<RedisResult<Value>> = pipe
+            .query_async::<Vec<Value>>(&mut c)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(Ok)
+            .collect();
+        let mut after = Vec::new();
+        for key in ["nx:held", "nx:new", "nx:expired", "nx:other"] {
+            after.push(show(redis::cmd("GET").arg(key).query_async(&mut c).await));
+            after.push(show(redis::cmd("TTL").arg(key).query_async(&mut c).await));
+        }
+        (replies.into_iter().map(show).collect(), after)
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (server, address) = start_cairn(dir.path());
+    let (replies, after) = run(&address).await;
+    assert_eq!(replies, ["nil", "OK", "nil", "OK", "OK"]);
+    assert_eq!(
+        after,
+        [
+            "\"old\"", "-1", "\"v\"", "100", "\"v\"", "100", "\"v\"", "100"
+        ]
+    );
+    if let Some(redis) = RedisServer::start() {
+        assert_eq!(
+            run(&redis.address).await,
+            (replies, after),
+            "redis-server's replies"
+        );
+    }
+    server.stop();
+}
+
 /// Writers on the RESP port while the node is SIGKILLed: every `SET` that was answered `OK` is
 /// there after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -432,6 +432,42 @@ impl KeyValueService {
         .await
     }
 
+    /// An insert-if-absent of keys within the bounds (`validate::keys`, `value_ok`, `ttl_ok`,
+    /// `insert_if_absent_bytes`), all with `value` and `ttl_ms`, with whether each was inserted.
+    pub(crate) async fn insert_each(
+        &self,
+        keys: &[Bytes],
+        value: &Bytes,
+        ttl_ms: Option<u64>,
+        forwarded: bool,
+    ) -> Vec<Result<bool, Status>> {
+        let routes = &self.state.routes;
+        self.scatter_each(keys, forwarded, |target, indices| async move {
+            let mine: Vec<Bytes> = indices.iter().map(|&i| keys[i].clone()).collect();
+            match target {
+                Target::Local(partition) => partition
+                    .insert_if_absent(mine, value.clone(), ttl_ms)
+                    .await
+                    .map_err(status_of),
+                Target::Remote(address) => {
+                    routes
+                        .insert_if_absent(
+                            &address,
+                            v1::InsertIfAbsentRequest {
+                                keys: mine,
+                                value: value.clone(),
+                                ttl_ms,
+                                // One partition's keys: refused whole or not at all.
+                                partial: false,
+                            },
+                        )
+                        .await
+                }
+            }
+        })
+        .await
+    }
+
     /// A conditional write of operations within the bounds (`validate::ops_ok`), with each
     /// operation's result: `Err` only if it was refused before any of it was sent (an
     /// all-or-nothing write across partitions).
@@ -592,33 +628,9 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::value_ok(0, &request.value)?;
         validate::ttl_ok(request.ttl_ms)?;
         validate::insert_if_absent_bytes(&request.keys, request.value.len())?;
-        let request = &request;
-        let routes = &self.state.routes;
         self.routable(&request.keys, forwarded)?;
         let answers = self
-            .scatter_each(&request.keys, forwarded, |target, indices| async move {
-                let mine: Vec<Bytes> = indices.iter().map(|&i| request.keys[i].clone()).collect();
-                match target {
-                    Target::Local(partition) => partition
-                        .insert_if_absent(mine, request.value.clone(), request.ttl_ms)
-                        .await
-                        .map_err(status_of),
-                    Target::Remote(address) => {
-                        routes
-                            .insert_if_absent(
-                                &address,
-                                v1::InsertIfAbsentRequest {
-                                    keys: mine,
-                                    value: request.value.clone(),
-                                    ttl_ms: request.ttl_ms,
-                                    // One partition's keys: refused whole or not at all.
-                                    partial: false,
-                                },
-                            )
-                            .await
-                    }
-                }
-            })
+            .insert_each(&request.keys, &request.value, request.ttl_ms, forwarded)
             .await;
         insert_answer(answers, request.partial).map(Response::new)
     }

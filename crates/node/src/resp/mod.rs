@@ -33,7 +33,7 @@ use bytes::{Bytes, BytesMut};
 use cairn_api::v1;
 use cairn_api::v1::key_value_server::KeyValue;
 use cairn_types::limits::{BATCH_BYTES_MAX, BATCH_KEYS_MAX};
-use cairn_types::record::{Action, Expiry, WriteOp};
+use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use command::{COMMANDS, Command, CommandSpec, Connection, Read, ReadReply, Write, WriteReply};
 use reply::Reply;
 use std::net::SocketAddr;
@@ -463,6 +463,30 @@ impl ClientConnection {
         }
         let ops: Vec<WriteOp> = chunk.iter().flat_map(|w| w.ops.iter().cloned()).collect();
         crate::validate::ops_ok(&ops)?;
+        if let Some((value, ttl_ms)) = one_insert(chunk) {
+            // Within the bounds of an insert-if-absent, as those of the operations (checked
+            // above) are wider: each operation's value counts towards them.
+            let keys: Vec<Bytes> = ops.into_iter().map(|op| op.key).collect();
+            let mut answers = kv
+                .insert_each(&keys, value, ttl_ms, false)
+                .await
+                .into_iter();
+            return Ok(chunk
+                .iter()
+                .map(|write| {
+                    let inserted = answers.by_ref().take(write.ops.len());
+                    inserted
+                        .map(|answer| {
+                            answer.map(|inserted| v1::WriteResult {
+                                applied: inserted,
+                                existed: !inserted,
+                                ..Default::default()
+                            })
+                        })
+                        .collect()
+                })
+                .collect());
+        }
         let all_or_nothing = chunk.iter().any(|w| w.all_or_nothing);
         let mut answers = kv.write_each(ops, all_or_nothing, false).await?.into_iter();
         Ok(chunk
@@ -794,6 +818,33 @@ fn chunks<T>(
         out.push(&items[start..]);
     }
     out
+}
+
+/// The value and TTL of `chunk` if it can go as one insert-if-absent: every operation sets a key
+/// only if it is absent, with the same value and expiry (`SET k v NX [EX s]`, `SETNX`), without
+/// asking for the old value or for all or nothing. Such a record carries the value once and is
+/// applied without the general write's bookkeeping.
+fn one_insert(chunk: &[Write]) -> Option<(&Bytes, Option<u64>)> {
+    if chunk.iter().any(|w| w.all_or_nothing) {
+        return None;
+    }
+    fn insert(op: &WriteOp) -> Option<(&Bytes, Option<u64>)> {
+        match &op.action {
+            Action::Set { value, expiry }
+                if op.condition == Condition::IfAbsent && !op.return_old =>
+            {
+                match expiry {
+                    Expiry::Never => Some((value, None)),
+                    Expiry::After(ms) => Some((value, Some(*ms))),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+    let mut ops = chunk.iter().flat_map(|w| &w.ops);
+    let first = insert(ops.next()?)?;
+    ops.all(|op| insert(op) == Some(first)).then_some(first)
 }
 
 fn now_ms() -> u64 {
