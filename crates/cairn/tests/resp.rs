@@ -579,19 +579,13 @@ async fn a_pipeline_of_set_nx_answers_as_redis_does() {
         for key in ["nx:held", "nx:new", "nx:new", "nx:expired", "nx:other"] {
             pipe.add_command(set(&[key, "v", "NX", "EX", "100"]));
         }
-        let replies: Vec<RedisResult<Value>> = pipe
-            .query_async::<Vec<Value>>(&mut c)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(Ok)
-            .collect();
+        let replies: Vec<Value> = pipe.query_async(&mut c).await.unwrap();
         let mut after = Vec::new();
         for key in ["nx:held", "nx:new", "nx:expired", "nx:other"] {
             after.push(show(redis::cmd("GET").arg(key).query_async(&mut c).await));
             after.push(show(redis::cmd("TTL").arg(key).query_async(&mut c).await));
         }
-        (replies.into_iter().map(show).collect(), after)
+        (replies.into_iter().map(|r| show(Ok(r))).collect(), after)
     }
     let dir = tempfile::tempdir().unwrap();
     let (server, address) = start_cairn(dir.path());

@@ -443,23 +443,14 @@ impl ClientConnection {
                 .collect();
             crate::validate::entries(&entries)?;
             let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
-            let mut answers = kv.put_each(&keys, entries, false).await.into_iter();
-            return Ok(chunk
-                .iter()
-                .map(|write| {
-                    let mine: Vec<Result<v1::WriteResult, Status>> = answers
-                        .by_ref()
-                        .take(write.ops.len())
-                        .map(|answer| {
-                            answer.map(|()| v1::WriteResult {
-                                applied: true,
-                                ..Default::default()
-                            })
-                        })
-                        .collect();
-                    mine
+            let answers = kv.put_each(&keys, entries, false).await;
+            let results = answers.into_iter().map(|answer| {
+                answer.map(|()| v1::WriteResult {
+                    applied: true,
+                    ..Default::default()
                 })
-                .collect());
+            });
+            return Ok(per_command(chunk, results));
         }
         let ops: Vec<WriteOp> = chunk.iter().flat_map(|w| w.ops.iter().cloned()).collect();
         crate::validate::ops_ok(&ops)?;
@@ -467,32 +458,19 @@ impl ClientConnection {
             // Within the bounds of an insert-if-absent, as those of the operations (checked
             // above) are wider: each operation's value counts towards them.
             let keys: Vec<Bytes> = ops.into_iter().map(|op| op.key).collect();
-            let mut answers = kv
-                .insert_each(&keys, value, ttl_ms, false)
-                .await
-                .into_iter();
-            return Ok(chunk
-                .iter()
-                .map(|write| {
-                    let inserted = answers.by_ref().take(write.ops.len());
-                    inserted
-                        .map(|answer| {
-                            answer.map(|inserted| v1::WriteResult {
-                                applied: inserted,
-                                existed: !inserted,
-                                ..Default::default()
-                            })
-                        })
-                        .collect()
+            let answers = kv.insert_each(&keys, value, ttl_ms, false).await;
+            let results = answers.into_iter().map(|answer| {
+                answer.map(|inserted| v1::WriteResult {
+                    applied: inserted,
+                    existed: !inserted,
+                    ..Default::default()
                 })
-                .collect());
+            });
+            return Ok(per_command(chunk, results));
         }
         let all_or_nothing = chunk.iter().any(|w| w.all_or_nothing);
-        let mut answers = kv.write_each(ops, all_or_nothing, false).await?.into_iter();
-        Ok(chunk
-            .iter()
-            .map(|write| answers.by_ref().take(write.ops.len()).collect())
-            .collect())
+        let answers = kv.write_each(ops, all_or_nothing, false).await?;
+        Ok(per_command(chunk, answers))
     }
 
     async fn connection(&mut self, connection: Connection) -> Reply {
@@ -818,6 +796,15 @@ fn chunks<T>(
         out.push(&items[start..]);
     }
     out
+}
+
+/// The answers to `chunk`'s operations, one after the other, as each command's own.
+fn per_command<T>(chunk: &[Write], answers: impl IntoIterator<Item = T>) -> Vec<Vec<T>> {
+    let mut answers = answers.into_iter();
+    chunk
+        .iter()
+        .map(|write| answers.by_ref().take(write.ops.len()).collect())
+        .collect()
 }
 
 /// The value and TTL of `chunk` if it can go as one insert-if-absent: every operation sets a key
