@@ -641,6 +641,13 @@ impl ClientConnection {
 fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>) {
     let mut commands = Vec::new();
     while commands.len() < COMMANDS_PER_ROUND_MAX {
+        // Empty lines between commands, which Redis passes over (`redis-cli --pipe` sends one
+        // before the `ECHO` that tells it every reply has come).
+        let blank = input
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+        let _ = input.split_to(blank);
         match command_frame_len(input) {
             Ok(Some(_)) => {}
             Ok(None) => break,
@@ -1034,6 +1041,15 @@ mod tests {
             message.starts_with("ERR applied to 1 of its 2 keys"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn empty_lines_between_commands_are_passed_over() {
+        let mut input =
+            BytesMut::from(&b"\r\n*1\r\n$4\r\nPING\r\n\r\n\n*1\r\n$4\r\nPING\r\n\r\n"[..]);
+        let (commands, error) = decode(&mut input);
+        assert_eq!((commands.len(), error), (2, None));
+        assert!(input.is_empty());
     }
 
     #[test]
