@@ -21,6 +21,8 @@ struct Fixture {
     _logs: LocalLogProvider,
     /// Every partition started, so that [`Fixture::stop`] can wait for their processors: a
     /// processor thread still holding RocksDB while the test process exits makes RocksDB abort.
+    /// Weak, so that a partition shut down does not keep its store open: a test that drops a
+    /// partition before `stop` shuts it down first, as dropping it only asks its thread to stop.
     started: std::sync::Mutex<Vec<std::sync::Weak<Partition>>>,
 }
 
@@ -41,7 +43,6 @@ impl Fixture {
     /// Stops every partition started and waits for their processors.
     async fn stop(&self) {
         let started = std::mem::take(&mut *self.started.lock().unwrap());
-        // Weak, so that a partition the test is done with does not keep its store open.
         for partition in started.iter().filter_map(std::sync::Weak::upgrade) {
             partition.shutdown().await;
         }
@@ -759,6 +760,7 @@ async fn reopen_and_check(f: &Fixture, _dir: &Path, clock: Arc<ManualClock>) {
         vec![false]
     );
     assert_eq!(n1.get(&[key("k19")]).await.unwrap(), vec![Some(key("v"))]);
+    n1.shutdown().await;
 }
 
 #[tokio::test]
