@@ -176,8 +176,8 @@ pub struct PartitionStoreConfig {
     /// Block cache shared by all partitions, in bytes.
     pub block_cache_bytes: usize,
     /// How much of each partition's newest writes is held in memory before it is flushed to one
-    /// file, in bytes; it fills eight memtables of an eighth of it, and up to twice as much is in
-    /// memory while a flush runs.
+    /// file, in bytes; it fills sixteen memtables of a sixteenth of it, and up to twice as much
+    /// is in memory while a flush runs.
     pub write_buffer_bytes: usize,
 }
 

@@ -32,13 +32,15 @@ pub struct StoreOptions {
 ///
 /// Keys reach a memtable in hash order, so an insert searches the memtable's skip list down from
 /// its top, a cache miss per level once the memtables being written outgrow the CPU's caches: with
-/// 16 partitions and 8 MiB memtables that is 128 MiB. Eight memtables of 1 MiB per 8 MiB flushed
-/// keep what inserts search to an eighth of that, and the files, their number and the compactions
-/// after them stay as they were. Measured on two cores with 16 partitions (`cairn-bench`, batched
-/// put and insert-if-absent of 100 keys): about 1.4 times the throughput of one 8 MiB memtable,
-/// also over 100 s of writing; batched gets, which look in every memtable that may hold a key (a
-/// bloom filter each), were about 12% slower.
-pub const MEMTABLES_PER_FLUSH: usize = 8;
+/// 16 partitions and 8 MiB memtables that is 128 MiB. Sixteen memtables of 512 KiB per 8 MiB
+/// flushed keep what inserts search to a sixteenth of that (8 MiB, near the two cores' 4 MiB of
+/// L2), and the files, their number and the compactions after them stay as they were. Measured on
+/// two cores with 16 partitions (`cairn-bench`, 100 keys per request): eight memtables of 1 MiB
+/// gave about 1.4 times the batched put and insert-if-absent of one 8 MiB memtable, and batched
+/// gets about 12% less, as a lookup checks a bloom filter per memtable; sixteen gave another 13%
+/// of batched put over 6 s (3.6% over 100 s, where compactions take more of the CPU), with
+/// insert-if-absent and gets even. Thirty-two made gets slower again.
+pub const MEMTABLES_PER_FLUSH: usize = 16;
 
 impl Default for StoreOptions {
     fn default() -> Self {
