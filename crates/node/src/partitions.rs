@@ -266,6 +266,18 @@ pub(crate) struct Partitions {
     /// partition table places on it. Alone, a node leads every partition.
     cluster: bool,
     pub table_version: AtomicU64,
+    /// Every processor this node started, whichever slot state it got to: a bring-up, reconcile
+    /// or restore cut short by shutdown leaves one that no slot holds, and shutdown waits for it
+    /// all the same (a processor thread still in RocksDB when the process exits makes RocksDB
+    /// abort).
+    started: Arc<std::sync::Mutex<Started>>,
+}
+
+/// The processors started, and whether shutdown has begun (then none starts any more).
+#[derive(Default)]
+struct Started {
+    partitions: Vec<Arc<Partition>>,
+    closed: bool,
 }
 
 pub(crate) struct PartitionsConfig {
@@ -327,6 +339,7 @@ impl Partitions {
             staging_root: config.staging_root,
             cluster: config.cluster,
             table_version: AtomicU64::new(0),
+            started: Arc::default(),
         })
     }
 
@@ -483,12 +496,19 @@ impl Partitions {
         &self.stores
     }
 
-    /// Stops every processor.
+    /// Stops every processor this node started, and starts none after.
     pub async fn shutdown(&self) {
-        for slot in &self.slots {
-            if let Ok(partition) = slot.running() {
-                partition.shutdown().await;
-            }
+        let started = self.started.clone();
+        // A start in progress holds the lock for its `Partition::start`: a blocking wait.
+        let partitions = tokio::task::spawn_blocking(move || {
+            let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
+            started.closed = true;
+            std::mem::take(&mut started.partitions)
+        })
+        .await
+        .unwrap_or_default();
+        for partition in partitions {
+            partition.shutdown().await;
         }
     }
 
@@ -601,17 +621,32 @@ impl Partitions {
         result
     }
 
-    /// Starts `slot`'s processor on `store`. Starting reads the store's applied LSN and leader, so
-    /// it runs on a blocking thread (which spawns the processor task on the runtime).
+    /// Starts `slot`'s processor on `store`, unless the node is shutting down. Starting reads the
+    /// store's applied LSN and leader, so it runs on a blocking thread (which starts the
+    /// processor's own thread), and records the processor for [`Partitions::shutdown`] there, so
+    /// that a caller that gives up meanwhile leaves none unrecorded.
     async fn start_processor(&self, slot: &Slot, store: PartitionStore) -> Result<Arc<Partition>> {
-        let (key_range, node, log, clock) = (
+        let (id, key_range, node, log, clock) = (
+            slot.id,
             slot.key_range,
             self.node.clone(),
             slot.log.clone(),
             self.clock.clone(),
         );
-        blocking(slot.id, "start the processor", move || {
-            Partition::start(key_range, node, store, log, clock)
+        let started = self.started.clone();
+        blocking(id, "start the processor", move || {
+            let mut started = started.lock().unwrap_or_else(|p| p.into_inner());
+            if started.closed {
+                return Err(Error::Stopped {
+                    partition: id,
+                    reason: "the node is shutting down".into(),
+                });
+            }
+            let partition = Partition::start(key_range, node, store, log, clock)?;
+            // Those shut down since (a restore, a move elsewhere) need no waiting for.
+            started.partitions.retain(|p| !p.has_shut_down());
+            started.partitions.push(partition.clone());
+            Ok(partition)
         })
         .await?
     }

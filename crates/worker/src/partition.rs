@@ -123,8 +123,10 @@ pub struct Partition {
     last_stamp: AtomicU64,
     exports: mpsc::Sender<ExportRequest>,
     cancel: CancellationToken,
-    /// Fires (or is dropped) when the processor's thread is done.
-    task: Mutex<Option<oneshot::Receiver<()>>>,
+    /// The processor's thread, and what fires (or is dropped) when it is done. An async lock,
+    /// held while [`Partition::shutdown`] waits, so that every caller returns only once the
+    /// thread has ended.
+    thread: tokio::sync::Mutex<Option<(oneshot::Receiver<()>, std::thread::JoinHandle<()>)>>,
 }
 
 /// How long [`Partition::become_leader`] waits for the applied LSN to move before it gives up.
@@ -178,9 +180,9 @@ impl Partition {
         // A thread of its own (see the processor's module docs), driving the processor with the
         // runtime this is called in.
         let runtime = tokio::runtime::Handle::current();
-        let (done, task) = oneshot::channel();
+        let (done, finished) = oneshot::channel();
         let stop = cancel.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("cairn-apply-{id}"))
             .spawn(move || {
                 runtime.block_on(processor.run(stop));
@@ -203,7 +205,7 @@ impl Partition {
             last_stamp: AtomicU64::new(0),
             exports,
             cancel,
-            task: Mutex::new(Some(task)),
+            thread: tokio::sync::Mutex::new(Some((finished, thread))),
         }))
     }
 
@@ -443,13 +445,25 @@ impl Partition {
         }
     }
 
-    /// Stops the processor and waits for it.
+    /// Stops the processor and waits until its thread has ended.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        let mut thread = self.thread.lock().await;
+        if let Some((finished, _)) = thread.as_mut() {
+            let _ = finished.await;
         }
+        if let Some((_, thread)) = thread.take() {
+            // The thread still runs its exit after it reports done, RocksDB's clean-up of its
+            // thread-local state among it: a process that exits meanwhile makes RocksDB abort
+            // ("pthread lock: Invalid argument"). Joining takes microseconds, on a blocking
+            // thread all the same.
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+
+    /// Whether [`Partition::shutdown`] has seen the processor's thread end.
+    pub fn has_shut_down(&self) -> bool {
+        matches!(self.thread.try_lock().as_deref(), Ok(None))
     }
 
     /// Why the processor stopped, if it did (a trim gap, a failed store).
