@@ -86,6 +86,45 @@ impl CpuTime {
     }
 }
 
+/// The machine's busy and total CPU time so far, in clock ticks of all cores, from `/proc/stat`.
+fn machine_ticks() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat is empty")?;
+    let ticks = line
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse::<u64>())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("/proc/stat: {line:?} is no line of clock ticks"))?;
+    // user nice system idle iowait irq softirq steal: idle and iowait are the time nobody ran.
+    anyhow::ensure!(ticks.len() >= 5, "/proc/stat: {line:?} is too short");
+    let total: u64 = ticks.iter().take(8).sum();
+    Ok((total - ticks[3] - ticks[4], total))
+}
+
+/// The machine counts as idle below this share of its CPU busy.
+const IDLE_SHARE_MAX: f64 = 0.15;
+
+/// Waits, for at most `max`, until the machine's CPU is idle (under 15% busy over a quarter of
+/// a second): what a run left behind (a store's flushes and compactions of the keys it wrote)
+/// would otherwise count towards the next run, of whichever system. Returns how long it waited,
+/// and whether the machine did become idle.
+pub async fn settle(max: std::time::Duration) -> anyhow::Result<(std::time::Duration, bool)> {
+    let started = std::time::Instant::now();
+    loop {
+        let (busy_before, total_before) = blocking(machine_ticks).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let (busy, total) = blocking(machine_ticks).await?;
+        let share = (busy - busy_before) as f64 / (total - total_before).max(1) as f64;
+        if share < IDLE_SHARE_MAX {
+            return Ok((started.elapsed(), true));
+        }
+        if started.elapsed() >= max {
+            return Ok((started.elapsed(), false));
+        }
+    }
+}
+
 /// The partition status that says a partition serves (`cairnctl partitions list`).
 const SERVING: &str = "active";
 /// The status of a partition the node is still bringing up; the benchmarks wait for these.
@@ -156,5 +195,21 @@ mod tests {
         // The same process, named by its id as another process would be.
         let other = cpu_seconds(&std::process::id().to_string()).unwrap();
         assert!(other >= now);
+    }
+
+    #[test]
+    fn the_machine_counts_as_busy_while_this_process_spins() {
+        let (busy_before, total_before) = machine_ticks().unwrap();
+        let wall = std::time::Instant::now();
+        let mut spin = 0u64;
+        while wall.elapsed() < std::time::Duration::from_millis(300) {
+            spin = std::hint::black_box(spin.wrapping_mul(31).wrapping_add(1));
+        }
+        let (busy, total) = machine_ticks().unwrap();
+        assert!(busy <= total && busy_before <= busy && total_before < total);
+        // One core of the machine's busy the whole time, at least.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let share = (busy - busy_before) as f64 / (total - total_before) as f64;
+        assert!(share > 0.8 / cores, "{share} busy while one core spun");
     }
 }

@@ -70,6 +70,11 @@ struct Args {
     /// Seconds the Cairn node may take to bring up its partitions
     #[arg(long, default_value_t = 60.0)]
     start_timeout: f64,
+    /// Before each run, wait up to this many seconds until the machine's CPU is idle, so that
+    /// what the previous run left (a store's flushes and compactions) does not count towards
+    /// this one (0: do not wait)
+    #[arg(long, default_value_t = 30.0)]
+    settle_secs: f64,
     /// Windows of the windowed dedup run, after the other workloads (0: skip it)
     #[arg(long, default_value_t = 8)]
     dedup_windows: usize,
@@ -116,6 +121,10 @@ impl Args {
         anyhow::ensure!(
             self.seconds > 0.0 && self.start_timeout > 0.0,
             "--seconds and --start-timeout must be more than 0"
+        );
+        anyhow::ensure!(
+            self.settle_secs >= 0.0 && self.settle_secs.is_finite(),
+            "--settle-secs must be 0 or more"
         );
         anyhow::ensure!(
             self.clients > 0
@@ -280,10 +289,9 @@ async fn interleave(
             .zip(&mut raw)
             .filter(|_| with_raw)
         {
-            progress(&format!(
-                "{of}: raw RocksDB, synced batches, {}",
-                raw_name(order)
-            ));
+            let what = format!("{of}: raw RocksDB, synced batches, {}", raw_name(order));
+            settle(args, &what).await?;
+            progress(&what);
             let raw_args = args.clone();
             runs.push(
                 tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args, order))
@@ -293,11 +301,13 @@ async fn interleave(
         for (i, &workload) in args.workloads.iter().enumerate() {
             let sides = cairn.len();
             for (side, driven) in cairn.iter_mut().enumerate() {
-                progress(&format!(
+                let what = format!(
                     "{of}: Cairn ({}): {}",
                     driven.front_end.name(),
                     workload.name(args.batch)
-                ));
+                );
+                settle(args, &what).await?;
+                progress(&what);
                 // Both front ends write to the one node: each run writes keys of its own.
                 let pass = (round - 1) * sides + side + 1;
                 let sent = std::mem::take(&mut driven.connections);
@@ -306,7 +316,9 @@ async fn interleave(
                 driven.connections = back;
             }
             if let (Some(connections), Some(server)) = (redis_connections.take(), redis_server) {
-                progress(&format!("{of}: Redis: {}", workload.name(args.batch)));
+                let what = format!("{of}: Redis: {}", workload.name(args.batch));
+                settle(args, &what).await?;
+                progress(&what);
                 let (ran, back) =
                     drive::drive(args, workload, round, connections, vec![server.pid()]).await?;
                 redis[i].push(ran);
@@ -319,6 +331,27 @@ async fn interleave(
     }
     let cairn = cairn.into_iter().map(|d| (d.front_end, d.runs)).collect();
     Ok((cairn, redis, raw))
+}
+
+/// Waits (up to `--settle-secs`) until the machine is idle before the run `what`, and says so
+/// when that took a while.
+async fn settle(args: &Args, what: &str) -> anyhow::Result<()> {
+    if args.settle_secs == 0.0 {
+        return Ok(());
+    }
+    let (waited, idle) = cairn_bench::settle(Duration::from_secs_f64(args.settle_secs)).await?;
+    if !idle {
+        progress(&format!(
+            "the machine is still busy after {:.1}s (--settle-secs); {what} starts anyway",
+            waited.as_secs_f64()
+        ));
+    } else if waited > Duration::from_millis(500) {
+        progress(&format!(
+            "waited {:.1}s for the machine to be idle (what the last run left behind)",
+            waited.as_secs_f64()
+        ));
+    }
+    Ok(())
 }
 
 /// One of Cairn's front ends during the rounds: its clients' connections, and per workload the
