@@ -201,6 +201,28 @@ async fn main() -> anyhow::Result<()> {
     let node = cairn_node::start(config)
         .await
         .context("start the benchmark's Cairn node")?;
+    // The node is stopped however the runs end: its processors must not be applying records
+    // when the process exits.
+    let measured = measure(&args, &node).await;
+    let stopped = node.shutdown().await.context("stop the Cairn node");
+    let (redis, measured) = match measured {
+        Ok(redis) => (Some(redis), Ok(())),
+        Err(err) => (None, Err(err)),
+    };
+    // Killing Redis waits for it, and removing the folders blocks.
+    let _ = cairn_bench::blocking(move || {
+        drop(redis);
+        drop(dir);
+        Ok(())
+    })
+    .await;
+    measured?;
+    stopped
+}
+
+/// Every round against `node` and a Redis of its own, then the report. Returns the Redis, for the
+/// caller to stop.
+async fn measure(args: &Args, node: &cairn_node::RunningNode) -> anyhow::Result<RedisProcess> {
     let client = cairn_client::Client::connect(
         &format!("http://{}", node.local_addr()),
         &cairn_client::ClientOptions::default(),
@@ -293,13 +315,5 @@ async fn main() -> anyhow::Result<()> {
             ratio
         );
     }
-    node.shutdown().await.context("stop the Cairn node")?;
-    // Killing Redis waits for it, and removing the folders blocks.
-    let _ = cairn_bench::blocking(move || {
-        drop(redis);
-        drop(dir);
-        Ok(())
-    })
-    .await;
-    Ok(())
+    Ok(redis)
 }

@@ -42,10 +42,20 @@ impl Node {
             .await
             .context("start the benchmark's Cairn node")?;
         let address = format!("http://{}", node.local_addr());
-        let client = connect(&address).await?;
-        cairn_bench::wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout))
-            .await?;
-        Ok(Node { node, address, dir })
+        let serving = async {
+            let client = connect(&address).await?;
+            cairn_bench::wait_until_serving(&client, Duration::from_secs_f64(args.start_timeout))
+                .await
+        }
+        .await;
+        let node = Node { node, address, dir };
+        if let Err(err) = serving {
+            // Stopped, not dropped: its processors must not be applying records as the process
+            // exits.
+            let _ = node.shutdown().await;
+            return Err(err);
+        }
+        Ok(node)
     }
 
     /// One connection per client, as independent clients would have.
