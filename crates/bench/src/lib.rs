@@ -102,21 +102,31 @@ fn machine_ticks() -> anyhow::Result<(u64, u64)> {
     Ok((total - ticks[3] - ticks[4], total))
 }
 
-/// The machine counts as idle below this share of its CPU busy.
+/// The machine counts as idle below this share of its CPU busy, above what it was when the
+/// benchmark started.
 const IDLE_SHARE_MAX: f64 = 0.15;
 
-/// Waits, for at most `max`, until the machine's CPU is idle (under 15% busy over a quarter of
-/// a second): what a run left behind (a store's flushes and compactions of the keys it wrote)
-/// would otherwise count towards the next run, of whichever system. Returns how long it waited,
-/// and whether the machine did become idle.
-pub async fn settle(max: std::time::Duration) -> anyhow::Result<(std::time::Duration, bool)> {
+/// The share of the machine's CPU that was busy over the next quarter of a second.
+pub async fn busy_share() -> anyhow::Result<f64> {
+    let (busy_before, total_before) = blocking(machine_ticks).await?;
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    let (busy, total) = blocking(machine_ticks).await?;
+    Ok((busy - busy_before) as f64 / (total - total_before).max(1) as f64)
+}
+
+/// Waits, for at most `max`, until the machine's CPU is idle: less than 15% more of it busy
+/// over a quarter of a second than `baseline` (its [`busy_share`] before the benchmark started
+/// anything, so that a machine busy with something else does not make every wait run out). What
+/// a run left behind (a store's flushes and compactions of the keys it wrote) would otherwise
+/// count towards the next run, of whichever system. Returns how long it waited, and whether the
+/// machine did become idle.
+pub async fn settle(
+    max: std::time::Duration,
+    baseline: f64,
+) -> anyhow::Result<(std::time::Duration, bool)> {
     let started = std::time::Instant::now();
     loop {
-        let (busy_before, total_before) = blocking(machine_ticks).await?;
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        let (busy, total) = blocking(machine_ticks).await?;
-        let share = (busy - busy_before) as f64 / (total - total_before).max(1) as f64;
-        if share < IDLE_SHARE_MAX {
+        if busy_share().await? < baseline + IDLE_SHARE_MAX {
             return Ok((started.elapsed(), true));
         }
         if started.elapsed() >= max {

@@ -184,6 +184,9 @@ fn main() -> anyhow::Result<()> {
 /// of the machine hits every side alike.
 /// Returns, per workload, each side's rounds.
 async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<[Summary; 2]>)> {
+    // What the machine is busy with before the benchmark starts anything: the runs wait for it
+    // to be back to about this.
+    let baseline = cairn_bench::busy_share().await?;
     progress("Cairn: starting a node");
     let node = cairn::Node::start(args).await?;
     progress("Redis: starting a server");
@@ -195,7 +198,7 @@ async fn run_rounds(args: &Args) -> anyhow::Result<(Vec<Side>, RedisRun, Option<
         }
     };
     // Both are stopped whatever the rounds end with.
-    let rounds = interleave(args, &node, redis_server.as_ref()).await;
+    let rounds = interleave(args, baseline, &node, redis_server.as_ref()).await;
     node.shutdown().await?;
     let version = redis_server.as_ref().map(|server| server.version.clone());
     if let Some(server) = redis_server {
@@ -249,6 +252,7 @@ type Rounds = (
 
 async fn interleave(
     args: &Args,
+    baseline: f64,
     node: &cairn::Node,
     redis_server: Option<&redis::Server>,
 ) -> anyhow::Result<Rounds> {
@@ -290,7 +294,7 @@ async fn interleave(
             .filter(|_| with_raw)
         {
             let what = format!("{of}: raw RocksDB, synced batches, {}", raw_name(order));
-            settle(args, &what).await?;
+            settle(args, baseline, &what).await?;
             progress(&what);
             let raw_args = args.clone();
             runs.push(
@@ -306,7 +310,7 @@ async fn interleave(
                     driven.front_end.name(),
                     workload.name(args.batch)
                 );
-                settle(args, &what).await?;
+                settle(args, baseline, &what).await?;
                 progress(&what);
                 // Both front ends write to the one node: each run writes keys of its own.
                 let pass = (round - 1) * sides + side + 1;
@@ -317,7 +321,7 @@ async fn interleave(
             }
             if let (Some(connections), Some(server)) = (redis_connections.take(), redis_server) {
                 let what = format!("{of}: Redis: {}", workload.name(args.batch));
-                settle(args, &what).await?;
+                settle(args, baseline, &what).await?;
                 progress(&what);
                 let (ran, back) =
                     drive::drive(args, workload, round, connections, vec![server.pid()]).await?;
@@ -333,13 +337,14 @@ async fn interleave(
     Ok((cairn, redis, raw))
 }
 
-/// Waits (up to `--settle-secs`) until the machine is idle before the run `what`, and says so
-/// when that took a while.
-async fn settle(args: &Args, what: &str) -> anyhow::Result<()> {
+/// Waits (up to `--settle-secs`) until the machine is as idle as it was at `baseline` before the
+/// run `what`, and says so when that took a while.
+async fn settle(args: &Args, baseline: f64, what: &str) -> anyhow::Result<()> {
     if args.settle_secs == 0.0 {
         return Ok(());
     }
-    let (waited, idle) = cairn_bench::settle(Duration::from_secs_f64(args.settle_secs)).await?;
+    let max = Duration::from_secs_f64(args.settle_secs);
+    let (waited, idle) = cairn_bench::settle(max, baseline).await?;
     if !idle {
         progress(&format!(
             "the machine is still busy after {:.1}s (--settle-secs); {what} starts anyway",
