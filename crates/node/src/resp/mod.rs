@@ -647,7 +647,7 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>
             .iter()
             .take_while(|&&b| b == b'\r' || b == b'\n')
             .count();
-        let _ = input.split_to(blank);
+        bytes::Buf::advance(input, blank);
         match command_frame_len(input) {
             Ok(Some(_)) => {}
             Ok(None) => break,
