@@ -106,12 +106,16 @@ fn machine_ticks() -> anyhow::Result<(u64, u64)> {
 /// benchmark started.
 const IDLE_SHARE_MAX: f64 = 0.15;
 
+/// The share of the machine's CPU that was busy between two [`machine_ticks`] readings.
+fn busy_between((busy_before, total_before): (u64, u64), (busy, total): (u64, u64)) -> f64 {
+    (busy - busy_before) as f64 / (total - total_before).max(1) as f64
+}
+
 /// The share of the machine's CPU that was busy over the next quarter of a second.
 pub async fn busy_share() -> anyhow::Result<f64> {
-    let (busy_before, total_before) = blocking(machine_ticks).await?;
+    let before = blocking(machine_ticks).await?;
     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    let (busy, total) = blocking(machine_ticks).await?;
-    Ok((busy - busy_before) as f64 / (total - total_before).max(1) as f64)
+    Ok(busy_between(before, blocking(machine_ticks).await?))
 }
 
 /// Waits, for at most `max`, until the machine's CPU is idle: less than 15% more of it busy
@@ -209,17 +213,18 @@ mod tests {
 
     #[test]
     fn the_machine_counts_as_busy_while_this_process_spins() {
-        let (busy_before, total_before) = machine_ticks().unwrap();
+        let before = machine_ticks().unwrap();
         let wall = std::time::Instant::now();
         let mut spin = 0u64;
         while wall.elapsed() < std::time::Duration::from_millis(300) {
             spin = std::hint::black_box(spin.wrapping_mul(31).wrapping_add(1));
         }
-        let (busy, total) = machine_ticks().unwrap();
+        let after = machine_ticks().unwrap();
+        let ((busy_before, total_before), (busy, total)) = (before, after);
         assert!(busy <= total && busy_before <= busy && total_before < total);
         // One core of the machine's busy the whole time, at least.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        let share = (busy - busy_before) as f64 / (total - total_before) as f64;
+        let share = busy_between(before, after);
         assert!(share > 0.8 / cores, "{share} busy while one core spun");
     }
 }
