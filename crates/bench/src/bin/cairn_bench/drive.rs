@@ -69,7 +69,7 @@ impl Workload {
 /// `--read-keys` keys that [`read_key`] names and the run wrote beforehand; writes never repeat a
 /// key across passes (a key insert-if-absent already inserted would not be fresh), so each run
 /// against one server (a round, through one front end) is a pass of its own.
-fn request_keys(
+pub fn request_keys(
     args: &Args,
     workload: Workload,
     pass: usize,
@@ -85,9 +85,18 @@ fn request_keys(
             .map(|j| read_key((first + j) % args.read_keys))
             .collect();
     }
-    let tag = workload.tag();
+    // `<tag>-p<pass>-c<client>-<seq>-<j>`: what all keys of the request share is formatted once,
+    // so that making keys costs the client little beside what it measures.
+    let prefix = format!("{}-p{pass}-c{client}-{seq}-", workload.tag());
+    let mut digits = itoa::Buffer::new();
     (0..n)
-        .map(|j| Bytes::from(format!("{tag}-p{pass}-c{client}-{seq}-{j}")))
+        .map(|j| {
+            let j = digits.format(j);
+            let mut key = Vec::with_capacity(prefix.len() + j.len());
+            key.extend_from_slice(prefix.as_bytes());
+            key.extend_from_slice(j.as_bytes());
+            Bytes::from(key)
+        })
         .collect()
 }
 

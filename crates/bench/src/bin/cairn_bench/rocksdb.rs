@@ -1,11 +1,11 @@
 //! The baseline: synced batched writes straight into RocksDB from `--clients` threads, the same
-//! shape as the batched put, with nothing in between. Twice: with each client's keys in sequence
+//! shape and the same keys as the batched put, with nothing in between. Twice: with each client's keys in sequence
 //! (the ceiling a user would compare with), and with every key behind the hash of itself, as
 //! Cairn's partition store keeps them (`'d' ++ partition_key ++ key`), which its memtables insert
 //! in no particular order.
 
 use crate::Args;
-use crate::drive::{Figures, Recorder};
+use crate::drive::{Figures, Recorder, Workload, request_keys};
 use anyhow::Context;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 /// The order in which the baseline's keys reach RocksDB.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyOrder {
-    /// `c<client>-<seq>-<j>`: each client's keys close together.
+    /// The batched put's own keys (`put-batch-p0-c<client>-<seq>-<j>`): each client's keys close
+    /// together.
     Client,
     /// The same keys behind their partition key, as in Cairn's store: in hash order.
     Hashed,
@@ -32,7 +33,7 @@ pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
     let start = Instant::now();
     let threads: Vec<_> = (0..args.clients)
         .map(|c| {
-            let (db, stop) = (db.clone(), stop.clone());
+            let (db, stop, args) = (db.clone(), stop.clone(), args.clone());
             let (batch_len, value) = (args.batch, args.value());
             std::thread::spawn(move || -> anyhow::Result<Recorder> {
                 let mut write_options = rust_rocksdb::WriteOptions::default();
@@ -41,17 +42,16 @@ pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
                 let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let mut batch = rust_rocksdb::WriteBatch::default();
-                    for j in 0..batch_len {
-                        let key = format!("c{c}-{seq}-{j}");
+                    for key in request_keys(&args, Workload::PutBatch, 0, c, seq) {
                         match order {
                             KeyOrder::Client => batch.put(key, &value),
                             KeyOrder::Hashed => {
                                 let mut hashed = Vec::with_capacity(9 + key.len());
                                 hashed.push(b'd');
                                 hashed.extend_from_slice(
-                                    &cairn_types::partition_key(key.as_bytes()).to_be_bytes(),
+                                    &cairn_types::partition_key(&key).to_be_bytes(),
                                 );
-                                hashed.extend_from_slice(key.as_bytes());
+                                hashed.extend_from_slice(&key);
                                 batch.put(hashed, &value);
                             }
                         }
