@@ -61,7 +61,18 @@ pub(crate) fn append_value(out: &mut Vec<u8>, expires_at_ms: Option<u64>, value:
     out.extend_from_slice(value);
 }
 
-pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), String> {
+/// Why a value record the store holds does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ValueError {
+    #[error("empty value record")]
+    Empty,
+    #[error("value record of {0} bytes, shorter than its header")]
+    Short(usize),
+    #[error("unknown value format {0}")]
+    UnknownFormat(u8),
+}
+
+pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), ValueError> {
     match raw.split_first() {
         Some((&VALUE_FORMAT_V1, rest)) if rest.len() >= 8 => {
             let (expiry, value) = rest.split_at(8);
@@ -71,9 +82,9 @@ pub(crate) fn decode_value(raw: &[u8]) -> Result<(Option<u64>, Bytes), String> {
                 Bytes::copy_from_slice(value),
             ))
         }
-        Some((&VALUE_FORMAT_V1, rest)) => Err(format!("value record of {} bytes", rest.len() + 1)),
-        Some((other, _)) => Err(format!("unknown value format {other}")),
-        None => Err("empty value record".into()),
+        Some((&VALUE_FORMAT_V1, _)) => Err(ValueError::Short(raw.len())),
+        Some((&other, _)) => Err(ValueError::UnknownFormat(other)),
+        None => Err(ValueError::Empty),
     }
 }
 
@@ -108,6 +119,16 @@ mod tests {
                 prop_assert!(data_key(&a) < data_key(&b));
             }
         }
+    }
+
+    #[test]
+    fn values_that_do_not_decode_say_why() {
+        assert_eq!(decode_value(&[]), Err(ValueError::Empty));
+        assert_eq!(
+            decode_value(&[VALUE_FORMAT_V1, 0, 0]),
+            Err(ValueError::Short(3))
+        );
+        assert_eq!(decode_value(&[9; 12]), Err(ValueError::UnknownFormat(9)));
     }
 
     #[test]

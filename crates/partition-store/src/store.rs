@@ -474,10 +474,10 @@ impl PartitionStore {
     }
 
     fn decode_stored(&self, raw: &[u8]) -> Result<StoredValue> {
-        let (expires_at_ms, value) = keys::decode_value(raw).map_err(|detail| Error::Corrupt {
+        let (expires_at_ms, value) = keys::decode_value(raw).map_err(|err| Error::Corrupt {
             partition: self.id,
             what: "value",
-            detail,
+            detail: err.to_string(),
         })?;
         Ok(StoredValue {
             value,

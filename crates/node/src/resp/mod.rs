@@ -636,9 +636,39 @@ impl ClientConnection {
     }
 }
 
+/// Why the input of a connection cannot be framed into commands; the connection ends after it, as
+/// in Redis. The words are Redis's where it has them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ProtocolError {
+    #[error("too big header line")]
+    HeaderTooLong,
+    #[error("expected an array of bulk strings, got '{}'", char::from(*.0).escape_default())]
+    NotAnArray(u8),
+    #[error("invalid multibulk length")]
+    ArrayLength,
+    #[error("a command of {0} arguments; Cairn takes at most {BATCH_KEYS_MAX} keys per command")]
+    TooManyArguments(i64),
+    #[error("expected '$', got '{}'", char::from(*.0).escape_default())]
+    NotABulkString(u8),
+    #[error("invalid bulk length")]
+    BulkLength,
+    #[error("a bulk string longer than its length")]
+    BulkOverrun,
+    #[error("expected an array of bulk strings")]
+    NotStrings,
+    #[error(
+        "a command of over {FRAME_BYTES_MAX} bytes; Cairn takes at most {BATCH_BYTES_MAX} bytes \
+         of keys and values per command"
+    )]
+    CommandTooBig,
+    /// What the frame decoder said.
+    #[error("{0}")]
+    Codec(String),
+}
+
 /// Every complete command in `input` (up to [`COMMANDS_PER_ROUND_MAX`]), and the protocol error
 /// that ends the connection, if any.
-fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>) {
+fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<ProtocolError>) {
     let mut commands = Vec::new();
     while commands.len() < COMMANDS_PER_ROUND_MAX {
         // Empty lines between commands, which Redis passes over (`redis-cli --pipe` sends one
@@ -656,25 +686,19 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<String>
         match redis_protocol::resp2::decode::decode_bytes_mut(input) {
             Ok(Some((frame, _, _))) => match arguments(frame) {
                 Some(args) => commands.push(command::parse(args)),
-                None => {
-                    return (
-                        commands,
-                        Some("expected an array of bulk strings".to_string()),
-                    );
-                }
+                None => return (commands, Some(ProtocolError::NotStrings)),
             },
             Ok(None) => break,
-            Err(err) => return (commands, Some(err.details().to_string())),
+            Err(err) => {
+                return (
+                    commands,
+                    Some(ProtocolError::Codec(err.details().to_string())),
+                );
+            }
         }
     }
     if commands.is_empty() && input.len() > FRAME_BYTES_MAX {
-        return (
-            commands,
-            Some(format!(
-                "a command of over {FRAME_BYTES_MAX} bytes; Cairn takes at most \
-                 {BATCH_BYTES_MAX} bytes of keys and values per command"
-            )),
-        );
+        return (commands, Some(ProtocolError::CommandTooBig));
     }
     (commands, None)
 }
@@ -687,10 +711,10 @@ const ARGUMENTS_MAX: usize = 2 * BATCH_KEYS_MAX + 8;
 /// with Redis's words for it. The codec crate decodes the frame only once it is known to be one:
 /// its decoder follows nested arrays without a bound on their depth, so that a frame of a million
 /// nested arrays would overflow the stack.
-fn command_frame_len(input: &[u8]) -> Result<Option<usize>, String> {
+fn command_frame_len(input: &[u8]) -> Result<Option<usize>, ProtocolError> {
     /// The longest header line (`*N` or `$N`) there is.
     const HEADER_MAX: usize = 32;
-    let header = |at: usize| -> Result<Option<(i64, usize)>, String> {
+    let header = |at: usize| -> Result<Option<(i64, usize)>, ProtocolError> {
         let rest = &input[at.min(input.len())..];
         match rest.windows(2).position(|w| w == b"\r\n") {
             Some(end) => {
@@ -699,54 +723,42 @@ fn command_frame_len(input: &[u8]) -> Result<Option<usize>, String> {
                     .and_then(|n| n.parse::<i64>().ok());
                 Ok(Some((number.unwrap_or(-1), at + end + 2)))
             }
-            None if rest.len() > HEADER_MAX => Err("too big header line".to_string()),
+            None if rest.len() > HEADER_MAX => Err(ProtocolError::HeaderTooLong),
             None => Ok(None),
         }
     };
     match input.first() {
         None => return Ok(None),
         Some(b'*') => {}
-        Some(&other) => {
-            return Err(format!(
-                "expected an array of bulk strings, got '{}'",
-                char::from(other).escape_default()
-            ));
-        }
+        Some(&other) => return Err(ProtocolError::NotAnArray(other)),
     }
     let Some((count, mut at)) = header(0)? else {
         return Ok(None);
     };
     if count < 1 {
-        return Err("invalid multibulk length".to_string());
+        return Err(ProtocolError::ArrayLength);
     }
     if count as u64 > ARGUMENTS_MAX as u64 {
-        return Err(format!(
-            "a command of {count} arguments; Cairn takes at most {BATCH_KEYS_MAX} keys per command"
-        ));
+        return Err(ProtocolError::TooManyArguments(count));
     }
     for _ in 0..count {
         match input.get(at) {
             None => return Ok(None),
             Some(b'$') => {}
-            Some(&other) => {
-                return Err(format!(
-                    "expected '$', got '{}'",
-                    char::from(other).escape_default()
-                ));
-            }
+            Some(&other) => return Err(ProtocolError::NotABulkString(other)),
         }
         let Some((len, data)) = header(at)? else {
             return Ok(None);
         };
         if len < 0 || len as u64 > FRAME_BYTES_MAX as u64 {
-            return Err("invalid bulk length".to_string());
+            return Err(ProtocolError::BulkLength);
         }
         at = data + len as usize + 2;
         if at > input.len() {
             return Ok(None);
         }
         if &input[at - 2..at] != b"\r\n" {
-            return Err("a bulk string longer than its length".to_string());
+            return Err(ProtocolError::BulkOverrun);
         }
     }
     Ok(Some(at))
@@ -1060,7 +1072,14 @@ mod tests {
         assert!(command_frame_len(b"*1\r\n$4\r\nPINGxx\r\n").is_err());
         assert!(command_frame_len(b"*0\r\n").is_err());
         assert!(command_frame_len(b"*99999999\r\n").is_err());
-        assert!(command_frame_len(b"$4\r\nPING\r\n").is_err());
+        assert_eq!(
+            command_frame_len(b"$4\r\nPING\r\n"),
+            Err(ProtocolError::NotAnArray(b'$'))
+        );
+        assert_eq!(
+            ProtocolError::NotAnArray(b'$').to_string(),
+            "expected an array of bulk strings, got '$'"
+        );
         assert!(command_frame_len(&[b'*'; 100]).is_err());
     }
 }
