@@ -462,7 +462,7 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
     for garbage in [
         b"*1\r\n*1\r\n$4\r\nPING\r\n",
         &b"*abc\r\n"[..],
-        b"$5\r\nhello\r\n",
+        b"SET k \"open quote\r\n",
         b"*1\r\n$4\r\nPINGxx\r\n",
         b"*2\r\n$3\r\nGET\r\n*1\r\n$1\r\nk\r\n",
     ] {
@@ -480,6 +480,27 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
             "{garbage:?}: {answer}"
         );
     }
+    // Inline commands, as typed into `nc`: a line each, with Redis's quoting; the connection
+    // stays open for more, in either form.
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stream
+        .write_all(b"PING\r\nSET inline \"hello world\"\nGET inline\r\nNOSUCH a\r\n*2\r\n$3\r\nGET\r\n$6\r\ninline\r\nQUIT\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("QUIT closes the connection")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("+PONG\r\n+OK\r\n$11\r\nhello world\r\n-ERR unknown command 'NOSUCH'"),
+        "{answer}"
+    );
+    assert!(
+        answer.ends_with("\r\n$11\r\nhello world\r\n+OK\r\n"),
+        "{answer}"
+    );
     // A HELLO that is refused changes nothing: the connection still speaks RESP2.
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     stream

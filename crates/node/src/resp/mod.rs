@@ -23,8 +23,13 @@
 //! A command carries at most one request's worth of keys and bytes; a run is cut into requests
 //! of at most [`BATCH_KEYS_MAX`] keys and half of [`BATCH_BYTES_MAX`] bytes. A frame longer than
 //! [`FRAME_BYTES_MAX`] closes the connection with a protocol error, as does a malformed one.
+//!
+//! # Framing
+//! Commands come as arrays of bulk strings, the form every client library sends, or as inline
+//! commands, a line of text as typed into `telnet` or `nc` (see [`inline`]).
 
 mod command;
+mod inline;
 mod reply;
 
 use crate::node::NodeState;
@@ -664,6 +669,33 @@ enum ProtocolError {
     /// What the frame decoder said.
     #[error("{0}")]
     Codec(String),
+    #[error("too big inline request")]
+    InlineTooBig,
+    #[error("unbalanced quotes in request")]
+    UnbalancedQuotes,
+}
+
+/// The inline command at the start of `input` (a line of text, which does not start with `*`),
+/// once its line is all there: its arguments, and how many bytes it takes with its line end.
+fn inline_command(input: &[u8]) -> Result<Option<(Vec<Bytes>, usize)>, ProtocolError> {
+    let line_end = input
+        .iter()
+        .take(inline::INLINE_BYTES_MAX)
+        .position(|&b| b == b'\n');
+    let Some(line_end) = line_end else {
+        return if input.len() >= inline::INLINE_BYTES_MAX {
+            Err(ProtocolError::InlineTooBig)
+        } else {
+            Ok(None)
+        };
+    };
+    let line = &input[..line_end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let args = inline::split(line).ok_or(ProtocolError::UnbalancedQuotes)?;
+    if args.len() > ARGUMENTS_MAX {
+        return Err(ProtocolError::TooManyArguments(args.len() as i64));
+    }
+    Ok(Some((args, line_end + 1)))
 }
 
 /// Every complete command in `input` (up to [`COMMANDS_PER_ROUND_MAX`]), and the protocol error
@@ -678,6 +710,20 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
             .take_while(|&&b| b == b'\r' || b == b'\n')
             .count();
         bytes::Buf::advance(input, blank);
+        if input.first().is_some_and(|&first| first != b'*') {
+            match inline_command(input) {
+                Ok(Some((args, len))) => {
+                    bytes::Buf::advance(input, len);
+                    // A line of blanks is passed over, as Redis does.
+                    if !args.is_empty() {
+                        commands.push(command::parse(args));
+                    }
+                    continue;
+                }
+                Ok(None) => break,
+                Err(err) => return (commands, Some(err)),
+            }
+        }
         match command_frame_len(input) {
             Ok(Some(_)) => {}
             Ok(None) => break,
@@ -1062,6 +1108,27 @@ mod tests {
         let (commands, error) = decode(&mut input);
         assert_eq!((commands.len(), error), (2, None));
         assert!(input.is_empty());
+    }
+
+    #[test]
+    fn inline_commands_are_lines_of_text() {
+        let mut input =
+            BytesMut::from(&b"PING\r\n  \r\nSET k \"a b\"\n*1\r\n$4\r\nPING\r\nGET k\r\nGET"[..]);
+        let (commands, error) = decode(&mut input);
+        let names: Vec<_> = commands.iter().map(|(name, _)| *name).collect();
+        assert_eq!((names, error), (vec!["ping", "set", "ping", "get"], None));
+        // The last line is not all there yet.
+        assert_eq!(&input[..], b"GET");
+
+        let mut input = BytesMut::from(&b"PING\r\nSET k \"a b\r\nPING\r\n"[..]);
+        let (commands, error) = decode(&mut input);
+        assert_eq!(
+            (commands.len(), error),
+            (1, Some(ProtocolError::UnbalancedQuotes))
+        );
+
+        let mut input = BytesMut::from(&vec![b'a'; inline::INLINE_BYTES_MAX][..]);
+        assert_eq!(decode(&mut input).1, Some(ProtocolError::InlineTooBig));
     }
 
     #[test]
