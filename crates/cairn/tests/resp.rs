@@ -463,6 +463,7 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
         b"*1\r\n*1\r\n$4\r\nPING\r\n",
         &b"*abc\r\n"[..],
         b"SET k \"open quote\r\n",
+        b"POST / HTTP/1.1\r\nHost: localhost\r\n\r\nSET k v\r\n",
         b"*1\r\n$4\r\nPINGxx\r\n",
         b"*2\r\n$3\r\nGET\r\n*1\r\n$1\r\nk\r\n",
     ] {

@@ -183,6 +183,14 @@ impl ClientConnection {
                 gone: false,
             };
             let quit = ran && self.run_commands(commands, &mut output).await;
+            if protocol_error == Some(ProtocolError::Http) {
+                warn!(
+                    connection = self.id,
+                    "RESP port: a client sent an HTTP request (a web page posting to this port, \
+                     perhaps to pass commands through a browser); the connection is closed and \
+                     nothing it sent ran"
+                );
+            }
             if let Some(details) = &protocol_error {
                 // As Redis does: say why, then close, since nothing after it can be framed.
                 output.push(
@@ -673,6 +681,8 @@ enum ProtocolError {
     InlineTooBig,
     #[error("unbalanced quotes in request")]
     UnbalancedQuotes,
+    #[error("this is an HTTP request, not a command; the connection is closed")]
+    Http,
 }
 
 /// The inline command at the start of `input` (a line of text, which does not start with `*`),
@@ -714,6 +724,13 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
             match inline_command(input) {
                 Ok(Some((args, len))) => {
                     bytes::Buf::advance(input, len);
+                    // What a browser sends when a web page posts to this port: the lines of its
+                    // request could be taken for commands. Redis closes the connection then too.
+                    if args.first().is_some_and(|name| {
+                        name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:")
+                    }) {
+                        return (commands, Some(ProtocolError::Http));
+                    }
                     // A line of blanks is passed over, as Redis does.
                     if !args.is_empty() {
                         commands.push(command::parse(args));
@@ -1129,6 +1146,17 @@ mod tests {
 
         let mut input = BytesMut::from(&vec![b'a'; inline::INLINE_BYTES_MAX][..]);
         assert_eq!(decode(&mut input).1, Some(ProtocolError::InlineTooBig));
+
+        // An HTTP request's lines are not commands.
+        for request in [
+            &b"POST / HTTP/1.1\r\nHost: localhost:6380\r\n\r\nSET k v\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: localhost:6380\r\n\r\n",
+        ] {
+            let mut input = BytesMut::from(request);
+            let (commands, error) = decode(&mut input);
+            assert_eq!(error, Some(ProtocolError::Http));
+            assert!(commands.len() <= 1, "at most the request line, as a GET");
+        }
     }
 
     #[test]
