@@ -137,6 +137,37 @@ mod tests {
         assert_eq!(args(r"'a\nb'"), Some(vec![r"a\nb".into()]));
     }
 
+    proptest::proptest! {
+        /// Arguments without blanks, quotes or backslashes read back as they were written.
+        #[test]
+        fn plain_arguments_read_back(words in proptest::collection::vec("[!#-&(-\\[\\]-~]{1,12}", 0..8)) {
+            let line = words.join(" ");
+            let read: Vec<Bytes> = words.iter().map(|w| Bytes::from(w.clone())).collect();
+            proptest::prop_assert_eq!(split(line.as_bytes()), Some(read));
+        }
+
+        /// Any argument, written in double quotes with every byte as `\xHH`, reads back as it was.
+        #[test]
+        fn quoted_arguments_read_back(args in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..16), 0..6)) {
+            let line: Vec<u8> = args
+                .iter()
+                .map(|arg| {
+                    let hex: String = arg.iter().map(|b| format!("\\x{b:02x}")).collect();
+                    format!("\"{hex}\"")
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+                .into_bytes();
+            let read: Vec<Bytes> = args.into_iter().map(Bytes::from).collect();
+            proptest::prop_assert_eq!(split(&line), Some(read));
+        }
+
+        #[test]
+        fn any_line_splits_or_is_refused_without_panicking(line in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = split(&line);
+        }
+    }
+
     #[test]
     fn an_open_quote_is_refused() {
         assert_eq!(args(r#"SET "k v"#), None);

@@ -1159,6 +1159,25 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Whatever a client sends, framing consumes from the front only, never panics, and
+        /// either frames commands, waits for more, or says why it cannot.
+        #[test]
+        fn any_input_frames_or_is_refused(input in proptest::collection::vec(
+            proptest::sample::select(b"*$\r\n 0123456789abPINGSET\"'\\x".to_vec()), 0..96)
+        ) {
+            let mut buffer = BytesMut::from(&input[..]);
+            let (_, error) = decode(&mut buffer);
+            proptest::prop_assert!(input.ends_with(&buffer));
+            if error.is_none() {
+                // What is left is a command not all there yet: framing it again takes nothing.
+                let before = buffer.len();
+                let (commands, _) = decode(&mut buffer);
+                proptest::prop_assert_eq!((commands.len(), buffer.len()), (0, before));
+            }
+        }
+    }
+
     #[test]
     fn only_flat_arrays_of_bulk_strings_are_commands() {
         assert_eq!(command_frame_len(b"*1\r\n$4\r\nPING\r\n"), Ok(Some(14)));
