@@ -467,14 +467,7 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
         b"*1\r\n$4\r\nPINGxx\r\n",
         b"*2\r\n$3\r\nGET\r\n*1\r\n$1\r\nk\r\n",
     ] {
-        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-        stream.write_all(garbage).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-            .await
-            .expect("the server closes the connection")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer);
+        let answer = send_until_closed(&address, garbage).await;
         // What could be framed before the garbage is answered first.
         assert!(
             answer.contains("-ERR Protocol error"),
@@ -483,17 +476,11 @@ async fn a_hundred_connections_and_malformed_frames_leave_the_server_serving() {
     }
     // Inline commands, as typed into `nc`: a line each, with Redis's quoting; the connection
     // stays open for more, in either form.
-    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-    stream
-        .write_all(b"PING\r\nSET inline \"hello world\"\nGET inline\r\nNOSUCH a\r\n*2\r\n$3\r\nGET\r\n$6\r\ninline\r\nQUIT\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .expect("QUIT closes the connection")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = send_until_closed(
+        &address,
+        b"PING\r\nSET inline \"hello world\"\nGET inline\r\nNOSUCH a\r\n*2\r\n$3\r\nGET\r\n$6\r\ninline\r\nQUIT\r\n",
+    )
+    .await;
     assert!(
         answer.starts_with("+PONG\r\n+OK\r\n$11\r\nhello world\r\n-ERR unknown command 'NOSUCH'"),
         "{answer}"
@@ -798,4 +785,17 @@ async fn pipelined_large_values_on_a_nats_log_are_written_one_by_one() {
         .unwrap();
     assert!(read.iter().all(|v| *v == value));
     server.stop();
+}
+
+/// Sends `bytes` on a connection of its own and returns all that the server answers until it
+/// closes the connection (within 10 s).
+async fn send_until_closed(address: &str, bytes: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
 }
