@@ -353,3 +353,41 @@ fn an_export_onto_a_folder_is_refused_at_once() {
     assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
     assert_eq!(partial_exports(out.path()), Vec::<String>::new());
 }
+
+/// A client that starts an export and then stops reading keeps its stream open for good: a
+/// SIGTERM still stops the node (its wait for the requests in flight is bounded), with status 0.
+/// The export's temporary tar may be left, as after a crash; the next start removes it.
+#[test]
+fn an_export_whose_client_stopped_reading_does_not_hold_up_a_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), false);
+    let a = server.address.clone();
+    // Well over what the server's buffers, the stream's flow-control window and the sockets
+    // hold, so that the export cannot finish while nobody reads.
+    for i in 0..16 {
+        write_random(&a, &format!("big{i}"), 3 * BATCH_BYTES / 2);
+    }
+    let id = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let stalled = runtime.block_on(async {
+        let client = Client::connect(&a, &ClientOptions::default())
+            .await
+            .unwrap();
+        let mut stream = client.export_snapshot(&id).await.unwrap();
+        assert!(stream.message().await.unwrap().is_some(), "the first chunk");
+        (client, stream)
+    });
+    let tmp = dir.path().join("tmp");
+    wait_until(Duration::from_secs(30), "the export's tar", || {
+        std::fs::read_dir(&tmp).is_ok_and(|mut d| d.next().is_some())
+    });
+    // Exits with status 0 within its bound, or the test fails.
+    server.stop();
+    drop(stalled);
+    let server = start(dir.path(), false);
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", tmp.display());
+    server.stop();
+}

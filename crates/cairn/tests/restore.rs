@@ -348,6 +348,57 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     assert!(!staging.join("0").exists() && !staging.join("0.importing").exists());
 }
 
+/// A SIGTERM while an online restore is held at each of its pause points (its download in the
+/// staging folder; the snapshot imported, the import not yet marked complete): the node exits
+/// cleanly and promptly, and the next start serves every acknowledged write of the partition.
+#[cfg(feature = "test-hooks")]
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_an_online_restore_stops_cleanly_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshotted = keys_of_partition("snap", 0, 2000);
+    let tail = keys_of_partition("tail", 0, 300);
+    let server = Server::start(dir.path());
+    let a = server.address.clone();
+    put_keys(&a, &snapshotted, 200).await;
+    ok(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
+    put_keys(&a, &tail, 1).await;
+    server.stop();
+
+    for point in ["restore-download", "restore-import"] {
+        // The points hold only restores: this node starts as any other.
+        let server = Server::start_with(dir.path(), &[], &[("CAIRN_PAUSE_AT", point)]);
+        let a = server.address.clone();
+        let restore = {
+            let a = a.clone();
+            std::thread::spawn(move || cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !server.output().contains(&format!("paused at {point}")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the restore did not reach {point}:\n{}",
+                server.output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Exits with status 0 within the bound, or the test fails.
+        server.stop();
+        // The client learns why, rather than seeing its connection drop.
+        let err = fails(restore.join().unwrap());
+        assert!(
+            err.contains("the node is shutting down; the restore did not complete"),
+            "{err}"
+        );
+
+        let server = Server::start(dir.path());
+        let a = server.address.clone();
+        wait_until_started(&a, 0);
+        assert_keys_there(&a, &snapshotted).await;
+        assert_keys_there(&a, &tail).await;
+        server.stop();
+    }
+}
+
 /// The value of the sample `name{partition="0"...}` in a scrape.
 fn sample(scrape: &str, name: &str) -> Option<f64> {
     scrape

@@ -30,7 +30,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
+
+/// How long a shutdown waits for the gRPC requests in flight before it closes their connections.
+const GRPC_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the services need to know about the node.
 pub(crate) struct NodeState {
@@ -55,6 +58,9 @@ pub(crate) struct NodeState {
     /// Where clients and other nodes reach this node: `advertised-address`, or the address it
     /// listens on.
     pub advertised_address: String,
+    /// Cancelled when the node starts shutting down: work that outlives the request that began
+    /// it (an online restore) stops there.
+    pub shutdown: CancellationToken,
 }
 
 impl NodeState {
@@ -282,9 +288,22 @@ impl RunningNode {
     }
 
     /// Stops serving and stops every partition processor.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.cancel.cancel();
-        let served = self.server.await;
+        // The server stops taking requests and waits for those in flight; a stream that does not
+        // end by itself (an export to a client that stopped reading) must not hold the node up.
+        let served = match tokio::time::timeout(GRPC_DRAIN, &mut self.server).await {
+            Ok(served) => Some(served),
+            Err(_) => {
+                warn!(
+                    "gRPC requests still in flight {} s after the shutdown began; their \
+                     connections are closed",
+                    GRPC_DRAIN.as_secs()
+                );
+                self.server.abort();
+                None
+            }
+        };
         for task in self.background {
             let _ = task.await;
         }
@@ -294,9 +313,11 @@ impl RunningNode {
         // holding one (a publish outliving its caller) closes it when it ends.
         let state = self.state;
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
-        served
-            .context("join the gRPC server")?
-            .context("serve gRPC")?;
+        if let Some(served) = served {
+            served
+                .context("join the gRPC server")?
+                .context("serve gRPC")?;
+        }
         Ok(())
     }
 }
@@ -363,6 +384,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     )
     .await?;
 
+    let cancel = CancellationToken::new();
     let state = Arc::new(NodeState {
         cluster: cluster.clone(),
         node: node.clone(),
@@ -376,9 +398,9 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         metadata: metadata.clone(),
         routes: Routes::new(),
         advertised_address: advertised_address.clone(),
+        shutdown: cancel.clone(),
     });
     load_archived_lsns(&state).await;
-    let cancel = CancellationToken::new();
     let server = serve_grpc(state.clone(), listener, cancel.clone());
     info!(
         cluster = %cluster.cluster_name,

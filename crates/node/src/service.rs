@@ -1297,13 +1297,24 @@ impl v1::admin_server::Admin for AdminService {
         });
         let state = self.state.clone();
         // The restore goes on if the client goes away: stopping halfway would leave the partition
-        // down for no reason.
+        // down for no reason. It stops when the node shuts down, where a crash would have left
+        // it: the next start finishes or discards what it left (a download in the staging folder,
+        // an import not marked complete) as it does after a crash.
         tokio::spawn(async move {
-            let result = state
-                .partitions
-                .restore(id, pinned, Some(on_progress))
-                .await;
-            state.refresh_archived_lsn(id).await;
+            let result = tokio::select! {
+                result = state.partitions.restore(id, pinned, Some(on_progress)) => result,
+                () = state.shutdown.cancelled() => Err(cairn_worker::Error::Stopped {
+                    partition: id,
+                    reason: "the node is shutting down; the restore did not complete. After \
+                             the node starts again, the partition serves from its store as it \
+                             was before the restore, or from the snapshot if the restore had \
+                             already replaced it; run the restore again if it is still wanted"
+                        .into(),
+                }),
+            };
+            if !state.shutdown.is_cancelled() {
+                state.refresh_archived_lsn(id).await;
+            }
             let message = match result {
                 Ok((restored, applied)) => Ok(v1::RestorePartitionProgress {
                     phase: "done".into(),

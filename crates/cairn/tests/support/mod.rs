@@ -8,6 +8,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+/// How long [`Server::stop`] gives a node to exit after its SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A `cairn` server process on a free loopback port.
 pub struct Server {
     child: Child,
@@ -149,7 +152,21 @@ impl Server {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
-        let status = self.child.wait().unwrap();
+        // Bounded, so that a node that does not stop fails its test instead of hanging it.
+        let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "cairn did not exit within {STOP_TIMEOUT:?} of its SIGTERM:\n{}",
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         assert!(
             status.success(),
             "cairn exited with {status}:\n{}",
