@@ -278,6 +278,25 @@ async fn a_corrupted_newest_snapshot_falls_back_to_the_older_one() {
     assert_keys_there(&a, &tail_keys).await;
 }
 
+/// On a node in `dir`: writes `snapshotted` (200 keys per record), snapshots partition 0
+/// (`snapshots create -p 0` with `create_args`), writes `tail` (a record per key), and stops.
+#[cfg(feature = "test-hooks")]
+async fn snapshot_then_tail(
+    dir: &Path,
+    snapshotted: &[String],
+    tail: &[String],
+    create_args: &[&str],
+) {
+    let server = Server::start(dir);
+    let a = server.address.clone();
+    put_keys(&a, snapshotted, 200).await;
+    let mut create = vec!["snapshots", "create", "-p", "0"];
+    create.extend_from_slice(create_args);
+    ok(cairnctl(&a, &create));
+    put_keys(&a, tail, 1).await;
+    server.stop();
+}
+
 /// Kills `cairn` at each pause point of a restore in turn; the next start must repair whatever
 /// was left and end with every acknowledged write. Needs the binaries built with `test-hooks`
 /// (`./test.sh` builds with `--all-features`).
@@ -288,15 +307,7 @@ async fn sigkill_during_download_import_and_replay_loses_nothing() {
     let snapshotted = keys_of_partition("snap", 0, 4000);
     // More than one read batch of records after the snapshot, so a replay can be cut short.
     let tail = keys_of_partition("tail", 0, 1500);
-    let server = Server::start(dir.path());
-    let a = server.address.clone();
-    put_keys(&a, &snapshotted, 200).await;
-    ok(cairnctl(
-        &a,
-        &["snapshots", "create", "-p", "0", "--trim-log"],
-    ));
-    put_keys(&a, &tail, 1).await;
-    server.stop();
+    snapshot_then_tail(dir.path(), &snapshotted, &tail, &["--trim-log"]).await;
     drop_partition_0(dir.path());
     let staging = dir.path().join("restore-staging");
     let on_init = with_on_init(&[]);
@@ -357,12 +368,7 @@ async fn sigterm_during_an_online_restore_stops_cleanly_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let snapshotted = keys_of_partition("snap", 0, 2000);
     let tail = keys_of_partition("tail", 0, 300);
-    let server = Server::start(dir.path());
-    let a = server.address.clone();
-    put_keys(&a, &snapshotted, 200).await;
-    ok(cairnctl(&a, &["snapshots", "create", "-p", "0"]));
-    put_keys(&a, &tail, 1).await;
-    server.stop();
+    snapshot_then_tail(dir.path(), &snapshotted, &tail, &[]).await;
 
     for point in ["restore-download", "restore-import"] {
         // The points hold only restores: this node starts as any other.

@@ -1301,8 +1301,16 @@ impl v1::admin_server::Admin for AdminService {
         // it: the next start finishes or discards what it left (a download in the staging folder,
         // an import not marked complete) as it does after a crash.
         tokio::spawn(async move {
+            let restore = async {
+                let result = state
+                    .partitions
+                    .restore(id, pinned, Some(on_progress))
+                    .await;
+                state.refresh_archived_lsn(id).await;
+                result
+            };
             let result = tokio::select! {
-                result = state.partitions.restore(id, pinned, Some(on_progress)) => result,
+                result = restore => result,
                 () = state.shutdown.cancelled() => Err(cairn_worker::Error::Stopped {
                     partition: id,
                     reason: "the node is shutting down; the restore did not complete. After \
@@ -1312,9 +1320,6 @@ impl v1::admin_server::Admin for AdminService {
                         .into(),
                 }),
             };
-            if !state.shutdown.is_cancelled() {
-                state.refresh_archived_lsn(id).await;
-            }
             let message = match result {
                 Ok((restored, applied)) => Ok(v1::RestorePartitionProgress {
                     phase: "done".into(),

@@ -187,8 +187,8 @@ impl ClientConnection {
                 warn!(
                     connection = self.id,
                     "RESP port: a client sent an HTTP request (a web page posting to this port, \
-                     perhaps to pass commands through a browser); the connection is closed and \
-                     nothing it sent ran"
+                     perhaps to pass commands through a browser); the connection is closed at its \
+                     POST or Host: line, and nothing after that line ran"
                 );
             }
             if let Some(details) = &protocol_error {
@@ -713,13 +713,6 @@ fn inline_command(input: &[u8]) -> Result<Option<(Vec<Bytes>, usize)>, ProtocolE
 fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<ProtocolError>) {
     let mut commands = Vec::new();
     while commands.len() < COMMANDS_PER_ROUND_MAX {
-        // Empty lines between commands, which Redis passes over (`redis-cli --pipe` sends one
-        // before the `ECHO` that tells it every reply has come).
-        let blank = input
-            .iter()
-            .take_while(|&&b| b == b'\r' || b == b'\n')
-            .count();
-        bytes::Buf::advance(input, blank);
         if input.first().is_some_and(|&first| first != b'*') {
             match inline_command(input) {
                 Ok(Some((args, len))) => {
@@ -731,7 +724,8 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
                     }) {
                         return (commands, Some(ProtocolError::Http));
                     }
-                    // A line of blanks is passed over, as Redis does.
+                    // An empty or blank line is passed over, as Redis does (`redis-cli --pipe`
+                    // sends one before the `ECHO` that tells it every reply has come).
                     if !args.is_empty() {
                         commands.push(command::parse(args));
                     }

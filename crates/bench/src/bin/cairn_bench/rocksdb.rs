@@ -1,8 +1,8 @@
 //! The baseline: synced batched writes straight into RocksDB from `--clients` threads, the same
-//! shape and the same keys as the batched put, with nothing in between. Twice: with each client's keys in sequence
-//! (the ceiling a user would compare with), and with every key behind the hash of itself, as
-//! Cairn's partition store keeps them (`'d' ++ partition_key ++ key`), which its memtables insert
-//! in no particular order.
+//! shape and the same keys as the batched put, with nothing in between. Twice: with each
+//! client's keys in sequence (the ceiling a user would compare with), and with every key behind
+//! the hash of itself, as Cairn's partition store keeps them (`'d' ++ partition_key ++ key`),
+//! which its memtables insert in no particular order.
 
 use crate::Args;
 use crate::drive::{Figures, Recorder, Workload, request_keys};
