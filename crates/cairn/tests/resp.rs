@@ -799,3 +799,93 @@ async fn send_until_closed(address: &str, bytes: &[u8]) -> String {
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// What a new connection is told before it sends anything: the refusal, or nothing within
+/// 300 ms (it was taken; the connection is returned).
+async fn refusal(address: &str) -> Result<String, tokio::net::TcpStream> {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut answer = Vec::new();
+    match tokio::time::timeout(Duration::from_millis(300), stream.read_to_end(&mut answer)).await {
+        Ok(read) => {
+            read.unwrap();
+            Ok(String::from_utf8_lossy(&answer).into_owned())
+        }
+        Err(_) => Err(stream),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_beyond_max_clients_are_told_and_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &[], &[("CAIRN_RESP__MAX_CLIENTS", "2")]);
+    let address = server.resp_address().expect("the RESP port is on");
+    let mut first = connect(&address).await;
+    let mut second = connect(&address).await;
+    for c in [&mut first, &mut second] {
+        let pong: String = redis::cmd("PING").query_async(c).await.unwrap();
+        assert_eq!(pong, "PONG");
+    }
+    assert_eq!(
+        refusal(&address).await.ok().as_deref(),
+        Some("-ERR max number of clients reached\r\n")
+    );
+    drop(first);
+    // The server sees the closed connection a moment later.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut third = loop {
+        match refusal(&address).await {
+            Err(taken) => break taken,
+            Ok(refused) => assert_eq!(refused, "-ERR max number of clients reached\r\n"),
+        }
+        assert!(Instant::now() < deadline, "a freed place is never taken");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    third.write_all(b"PING\r\n").await.unwrap();
+    let mut pong = [0u8; 7];
+    third.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    let pong: String = redis::cmd("PING").query_async(&mut second).await.unwrap();
+    assert_eq!(pong, "PONG");
+    server.stop();
+}
+
+/// redis-py sends a whole pipeline before it reads a reply: a server that stops reading while
+/// its replies wait to be written would wait for ever on a client that waits for it.
+#[test]
+fn a_pipeline_sent_whole_before_its_replies_are_read_is_answered() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (server, address) = start_cairn(dir.path());
+    let value = vec![b'v'; 100 * 1024];
+    let commands = 200;
+    let mut pipeline = Vec::new();
+    for _ in 0..commands {
+        pipeline.extend_from_slice(b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$102400\r\n");
+        pipeline.extend_from_slice(&value);
+        pipeline.extend_from_slice(b"\r\n$3\r\nGET\r\n");
+    }
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    // 20 MB each way, far more than the sockets' buffers hold.
+    stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .write_all(&pipeline)
+        .expect("the server reads the pipeline while it writes the replies (the write timed out)");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut replies = BufReader::new(stream);
+    let mut line = String::new();
+    replies.read_line(&mut line).unwrap();
+    assert_eq!(line, "$-1\r\n", "the first SET ... GET finds no old value");
+    for _ in 1..commands {
+        line.clear();
+        replies.read_line(&mut line).unwrap();
+        assert_eq!(line, "$102400\r\n");
+        let mut old = vec![0; 102400 + 2];
+        replies.read_exact(&mut old).unwrap();
+        assert_eq!(&old[..102400], &value[..]);
+    }
+    server.stop();
+}

@@ -49,12 +49,17 @@ pub struct RespConfig {
     /// Address of the port that speaks the Redis protocol (RESP2 and RESP3); `"none"`: no port.
     #[serde(with = "address_or_none")]
     pub bind_address: Option<SocketAddr>,
+    /// Clients connected at once, at most; one more is told `-ERR max number of clients reached`.
+    /// Lowered at start to what the open-files limit leaves after the node's own files, as Redis
+    /// lowers its `maxclients`.
+    pub max_clients: usize,
 }
 
 impl Default for RespConfig {
     fn default() -> Self {
         RespConfig {
             bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 6380))),
+            max_clients: 10_000,
         }
     }
 }
@@ -503,6 +508,13 @@ impl Config {
                     self.nats.replicas
                 )));
             }
+        }
+        if self.resp.max_clients == 0 {
+            return Err(ConfigError(
+                "resp.max-clients is 0: it must be at least 1 (Redis's default is 10000); set \
+                 resp.bind-address = \"none\" for no Redis port"
+                    .into(),
+            ));
         }
         if self.partition_store.write_buffer_bytes < 1024 * 1024 {
             return Err(ConfigError(format!(

@@ -10,6 +10,7 @@ pub mod config;
 mod forward;
 mod metrics;
 mod node;
+mod open_files;
 mod partitions;
 mod resp;
 mod service;

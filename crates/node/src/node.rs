@@ -325,6 +325,7 @@ impl RunningNode {
 /// Starts a node with `config`. It returns once the node serves; its partitions come up in the
 /// background (a request to one not up yet says so).
 pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
+    crate::open_files::raise_limit();
     let listener = listen(config.bind_address).await?;
     let local_addr = listener
         .local_addr()

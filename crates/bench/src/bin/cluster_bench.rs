@@ -231,7 +231,10 @@ async fn measure(
         bind_address: "127.0.0.1:0".parse()?,
         num_partitions: args.partitions,
         metrics: cairn_node::config::MetricsConfig { bind_address: None },
-        resp: cairn_node::config::RespConfig { bind_address: None },
+        resp: cairn_node::config::RespConfig {
+            bind_address: None,
+            ..Default::default()
+        },
         ..cairn_node::Config::default()
     })
     .await
@@ -321,7 +324,10 @@ async fn start_cluster_node(
         bind_address: "127.0.0.1:0".parse()?,
         num_partitions: args.partitions,
         metrics: cairn_node::config::MetricsConfig { bind_address: None },
-        resp: cairn_node::config::RespConfig { bind_address: None },
+        resp: cairn_node::config::RespConfig {
+            bind_address: None,
+            ..Default::default()
+        },
         ..cairn_node::Config::default()
     };
     config.log.provider = LogProviderKind::Nats;

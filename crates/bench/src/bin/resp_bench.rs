@@ -195,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: cairn_node::config::MetricsConfig { bind_address: None },
         resp: cairn_node::config::RespConfig {
             bind_address: Some("127.0.0.1:0".parse()?),
+            ..Default::default()
         },
         ..cairn_node::Config::default()
     };

@@ -86,6 +86,9 @@ struct Server {
     connected: AtomicUsize,
 }
 
+/// How often refused clients are reported in the log, at most.
+const CLIENTS_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves Redis clients on `listener` until `cancel`.
 pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: CancellationToken) {
     let server = Arc::new(Server {
@@ -96,6 +99,9 @@ pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: 
         next_client_id: AtomicU64::new(1),
         connected: AtomicUsize::new(0),
     });
+    let max_clients = crate::open_files::max_clients(server.state.config.resp.max_clients);
+    let mut refused_since_warning = 0u64;
+    let mut warned_at: Option<Instant> = None;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -110,11 +116,26 @@ pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: 
             () = cancel.cancelled() => return,
         };
         let _ = stream.set_nodelay(true);
+        if server.connected.load(Ordering::Relaxed) >= max_clients {
+            // As Redis does: say why and close, without waiting for the client to read it. The
+            // descriptors clients may take are bounded, so that the store's files always have some.
+            let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
+            refused_since_warning += 1;
+            if warned_at.is_none_or(|at| at.elapsed() >= CLIENTS_WARNING_INTERVAL) {
+                warn!(
+                    "RESP port: refused {refused_since_warning} client(s): {max_clients} are \
+                     connected, the most resp.max-clients and the open-files limit allow"
+                );
+                warned_at = Some(Instant::now());
+                refused_since_warning = 0;
+            }
+            continue;
+        }
+        server.connected.fetch_add(1, Ordering::Relaxed);
         let server = server.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let id = server.next_client_id.fetch_add(1, Ordering::Relaxed);
-            server.connected.fetch_add(1, Ordering::Relaxed);
             server.state.metrics.resp_connections(1);
             let mut connection = ClientConnection {
                 server: server.clone(),
@@ -147,10 +168,25 @@ struct Output<'a> {
     buffer: BytesMut,
     /// The client went away: what is left to run is not worth running.
     gone: bool,
+    /// Where what the client sends while replies are written goes.
+    input: &'a mut BytesMut,
+    /// The client will send no more (it closed its side, or reading failed).
+    input_closed: &'a mut bool,
 }
 
 /// Replies gathered before they are written out.
 const OUTPUT_FLUSH_BYTES: usize = 1 << 20;
+
+/// What a client may send while it does not read its replies, at most; one that sends more is
+/// disconnected (Redis's `client-query-buffer-limit` is 1 GiB).
+const INPUT_WHILE_WRITING_BYTES_MAX: usize = 256 << 20;
+
+/// What a connection's input buffer has room for, at least, when it reads.
+const INPUT_KEPT_BYTES: usize = 64 * 1024;
+
+/// A connection's input buffer grown beyond this for a large command is given back once that
+/// command has run, so that an idle connection does not hold the largest command it ever sent.
+const INPUT_SHRINK_ABOVE_BYTES: usize = 1 << 20;
 
 impl Output<'_> {
     fn push(&mut self, reply: Reply, resp3: bool) {
@@ -165,15 +201,50 @@ impl Output<'_> {
 
     async fn flush(&mut self) {
         if !self.buffer.is_empty() && !self.gone {
-            self.gone = self.stream.write_all(&self.buffer).await.is_err();
+            self.gone = !self.write_reading().await;
         }
         self.buffer.clear();
+    }
+
+    /// Writes the buffer whole, reading what the client sends meanwhile: a client that sends a
+    /// whole pipeline before it reads a reply (redis-py's pipelines do) would otherwise wait for
+    /// the server to read while the server waits for it to read. Returns whether it was written.
+    async fn write_reading(&mut self) -> bool {
+        let (mut reader, mut writer) = self.stream.split();
+        let mut data = &self.buffer[..];
+        while !data.is_empty() {
+            let reading = !*self.input_closed;
+            if reading {
+                if self.input.len() >= INPUT_WHILE_WRITING_BYTES_MAX {
+                    warn!(
+                        "RESP port: a client sent more than {} MiB of commands without reading \
+                         their replies; it is disconnected",
+                        INPUT_WHILE_WRITING_BYTES_MAX >> 20
+                    );
+                    return false;
+                }
+                self.input.reserve(INPUT_KEPT_BYTES);
+            }
+            tokio::select! {
+                written = writer.write(data) => match written {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => data = &data[n..],
+                },
+                read = reader.read_buf(self.input), if reading => {
+                    if !matches!(read, Ok(n) if n > 0) {
+                        *self.input_closed = true;
+                    }
+                }
+            }
+        }
+        true
     }
 }
 
 impl ClientConnection {
     async fn run(&mut self, mut stream: TcpStream) {
-        let mut input = BytesMut::with_capacity(64 * 1024);
+        let mut input = BytesMut::with_capacity(INPUT_KEPT_BYTES);
+        let mut input_closed = false;
         loop {
             let (commands, protocol_error) = decode(&mut input);
             let ran = !commands.is_empty();
@@ -181,6 +252,8 @@ impl ClientConnection {
                 stream: &mut stream,
                 buffer: BytesMut::new(),
                 gone: false,
+                input: &mut input,
+                input_closed: &mut input_closed,
             };
             let quit = ran && self.run_commands(commands, &mut output).await;
             if protocol_error == Some(ProtocolError::Http) {
@@ -202,11 +275,20 @@ impl ClientConnection {
             if quit || output.gone || protocol_error.is_some() {
                 return;
             }
-            // A pipeline longer than one round leaves complete commands in the buffer.
+            if input.capacity() > INPUT_SHRINK_ABOVE_BYTES && input.len() < INPUT_KEPT_BYTES {
+                let mut kept = BytesMut::with_capacity(INPUT_KEPT_BYTES);
+                kept.extend_from_slice(&input);
+                input = kept;
+            }
+            // A pipeline longer than one round leaves complete commands in the buffer, and so
+            // may what came in while replies were written.
             if ran {
                 continue;
             }
-            input.reserve(64 * 1024);
+            if input_closed {
+                return;
+            }
+            input.reserve(INPUT_KEPT_BYTES);
             match stream.read_buf(&mut input).await {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}

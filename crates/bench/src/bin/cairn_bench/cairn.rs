@@ -35,6 +35,7 @@ impl Node {
             metrics: cairn_node::config::MetricsConfig { bind_address: None },
             resp: cairn_node::config::RespConfig {
                 bind_address: Some("127.0.0.1:0".parse()?),
+                ..Default::default()
             },
             ..cairn_node::Config::default()
         };
