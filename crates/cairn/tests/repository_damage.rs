@@ -14,6 +14,7 @@ use support::{
 /// Column of `partitions list` with the archived LSN.
 const ARCHIVED: usize = 7;
 const TAIL: usize = 6;
+const TRIM_POINT: usize = 5;
 
 fn on_init<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     let mut env = env.to_vec();
@@ -193,6 +194,50 @@ async fn a_corrupt_stored_sst_is_uploaded_again_by_the_next_snapshot() {
     );
     assert_keys_there(&server.address, &first_keys).await;
     assert_keys_there(&server.address, &second_keys).await;
+}
+
+/// An object checked when a snapshot first reused it can rot after: a create with `--trim-log`
+/// reads the whole new snapshot back before it gives up the log, and trims nothing if that fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trim_with_create_reads_the_snapshot_back_first() {
+    let base = tempfile::tempdir().unwrap();
+    let repository = base.path().join("pp-snapshots");
+    let first_keys = keys_of_partition("first", 0, 1000);
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    put_keys(&a, &first_keys, 100).await;
+    let first = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    put_keys(&a, &keys_of_partition("second", 0, 300), 100).await;
+    // Reuses the first snapshot's objects, and checks them once.
+    let second = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    let victim = snapshot_object_keys(&a, &first)[0].clone();
+    assert!(snapshot_object_keys(&a, &second).contains(&victim));
+
+    // Rot: same size, same modification time, so nothing but its bytes shows it.
+    let path = repository.join("0").join(&victim);
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(modified)
+        .unwrap();
+    put_keys(&a, &keys_of_partition("third", 0, 300), 100).await;
+    let trim_point = partition_columns(&a, 0)[TRIM_POINT].clone();
+
+    let refused = fails(cairnctl(
+        &a,
+        &["snapshots", "create", "-p", "0", "--trim-log"],
+    ));
+    assert!(refused.contains("the log was not trimmed"), "{refused}");
+    assert!(refused.contains("checksum"), "{refused}");
+    assert!(refused.contains(&victim), "names the object: {refused}");
+    assert_eq!(partition_columns(&a, 0)[TRIM_POINT], trim_point);
+    server.stop();
 }
 
 /// Staged copies (`<object>#<digits>`) in a local repository's `ssts` folder.

@@ -94,8 +94,9 @@ pub enum SnapshotsCommand {
         /// Return an existing snapshot if it covers this LSN; otherwise cover at least it
         #[arg(long)]
         min_lsn: Option<u64>,
-        /// Trim the partition's log up to the snapshot's LSN once it is published (older
-        /// retained snapshots then cannot be replayed forward: restores use this one or newer)
+        /// Trim the partition's log up to the snapshot's LSN once it is published and read
+        /// back whole (older retained snapshots then cannot be replayed forward: restores use
+        /// this one or newer)
         #[arg(long)]
         trim_log: bool,
     },

@@ -1399,6 +1399,24 @@ async fn publish_snapshot(
         .await
         .map_err(status_of)?;
     let log_trim_point = if request.trim_log {
+        // The trim leaves this snapshot (or a newer one) as the only way back to the records it
+        // drops: every object it rests on is read back first, reused ones included, which may
+        // have rotted since they were last checked.
+        if let Some(snapshots) = &state.snapshots {
+            snapshots
+                .repository()
+                .verify(created.snapshot_id)
+                .await
+                .map_err(|err| {
+                    Status::data_loss(format!(
+                        "snapshot {} was published, but the log was not trimmed: reading it back \
+                         failed: {err}. Its LSN is archived all the same; run `cairnctl snapshots \
+                         verify {}` to see what is wrong and repair or remove the object before \
+                         trimming",
+                        created.snapshot_id, created.snapshot_id
+                    ))
+                })?;
+        }
         // The partition as it runs now (an online restore may have replaced it meanwhile), and
         // no restore while the trim runs.
         let partition = state
