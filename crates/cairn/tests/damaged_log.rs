@@ -758,7 +758,7 @@ async fn a_lost_segment_is_named_without_advice_to_cut_at_an_offset() {
         segments[2].display().to_string(),
         lost_name,
         "records are missing".to_string(),
-        "back from a backup".to_string(),
+        "files this names as gone or damaged back from a backup".to_string(),
     ] {
         assert!(status.contains(&needle), "{needle:?} missing: {status}");
     }

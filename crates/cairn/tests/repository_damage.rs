@@ -1,6 +1,7 @@
 //! A damaged or shared snapshot repository, with real `cairn` processes: a cluster re-created on
 //! a deleted base dir next to the old cluster's snapshots, a byte flipped in a stored SST, a
-//! publish killed in the middle of an upload, and a `latest.json` that cannot be read.
+//! publish killed in the middle of an upload, a `latest.json` that cannot be read, and a store that
+//! lost a table file.
 
 mod support;
 
@@ -550,5 +551,50 @@ async fn a_base_dir_put_back_from_an_older_copy_does_not_trust_newer_snapshots()
     let a = server.address.clone();
     assert_keys_there(&a, &before).await;
     assert_keys_there(&a, &after).await;
+    server.stop();
+}
+
+/// A table file of the store is lost (a file-system fault): the node refuses to start, saying
+/// that the store is rebuilt from snapshots and logs once it is moved away, which is so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
+    let base = tempfile::tempdir().unwrap();
+    let keys = keys_of_partition("kept", 0, 1000);
+    let server = Server::start(base.path());
+    put_keys(&server.address, &keys, 100).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    ));
+    put_keys(&server.address, &keys_of_partition("later", 0, 100), 100).await;
+    // Stopping flushes the memtables: the store is in table files.
+    server.stop();
+    let db = base.path().join("db");
+    let table = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "sst"))
+        .expect("a table file");
+    std::fs::remove_file(&table).unwrap();
+
+    let refused = fails(support::run_cairn(
+        &[
+            "--base-dir",
+            base.path().to_str().unwrap(),
+            "--bind-address",
+            "127.0.0.1:0",
+        ],
+        &[],
+    ));
+    assert!(refused.contains("damaged or missing"), "{refused}");
+    assert!(
+        refused.contains(&format!("move {} away", db.display())),
+        "{refused}"
+    );
+
+    std::fs::rename(&db, base.path().join("db.moved")).unwrap();
+    let server = Server::start(base.path());
+    assert_keys_there(&server.address, &keys).await;
+    assert_keys_there(&server.address, &keys_of_partition("later", 0, 100)).await;
     server.stop();
 }

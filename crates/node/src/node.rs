@@ -25,7 +25,7 @@ use cairn_types::{Lsn, NodeId, PartitionId};
 use cairn_worker::{Clock, CreatedSnapshot, Partition, Restorer, SnapshotProducer, SystemClock};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::task::JoinHandle;
@@ -609,6 +609,7 @@ async fn open_storage(
             PartitionStoreManager::open(&db_dir, &store_options).map_err(|err| {
                 // RocksDB writes at open (it recovers its write-ahead file into a table).
                 let full = err.is_disk_full();
+                let damaged = err.is_damaged();
                 let err = anyhow::Error::new(err);
                 if full {
                     err.context(format!(
@@ -616,6 +617,8 @@ async fn open_storage(
                          space on it, then start the node again",
                         db_dir.display()
                     ))
+                } else if damaged {
+                    err.context(store_damaged(&db_dir))
                 } else {
                     err.context("open the partition store")
                 }
@@ -625,6 +628,20 @@ async fn open_storage(
     })
     .await
     .context("open the log and the partition store")?
+}
+
+/// What to do about a partition store that RocksDB cannot open because a file of it is damaged
+/// or gone.
+pub(crate) fn store_damaged(db_dir: &Path) -> String {
+    format!(
+        "cannot open the partition store: a file of it is damaged or missing (see below). The \
+         store is rebuilt from the snapshots and the logs: move {} away (keep it until the node \
+         serves again) and start the node; each partition then restores its newest snapshot \
+         (with snapshot-restore-policy = \"on-init\", or where its log was trimmed) and replays \
+         its log. A partition whose log was trimmed past every snapshot it has cannot be \
+         rebuilt so: put the folder back from a backup instead",
+        db_dir.display()
+    )
 }
 
 /// The snapshot producer and the restorer over the repository of `[worker.snapshots]`; neither

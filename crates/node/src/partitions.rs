@@ -838,12 +838,13 @@ fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
              restore too"
         ),
         // A missing or misnamed segment, or a bad trim point: no offset to cut at.
-        cairn_log::Error::Corrupt { path, .. } => format!(
+        // (`path` is where the log resumes when records are missing: not the file to put back.)
+        cairn_log::Error::Corrupt { .. } => format!(
             "its log cannot be opened: {err}. Nothing was deleted, and the partition stays down \
-             while the node's other partitions serve. Put the missing or damaged file ({path}) \
-             back from a backup and restart the node; the segment files are shared by every \
-             partition's log, so moving them away would take records from the other partitions \
-             too"
+             while the node's other partitions serve. Put the files this names as gone or \
+             damaged back from a backup and restart the node; the segment files are shared by \
+             every partition's log, so moving them away would take records from the other \
+             partitions too"
         ),
         _ => format!(
             "its log cannot be opened: {err}; fix the cause and restart the node (the other \

@@ -39,8 +39,16 @@ pub fn drop_partition(
     }
     let _lock =
         lock_base_dir(base_dir).context("the node must be stopped to drop a partition's store")?;
-    let stores = PartitionStoreManager::open(&base_dir.join("db"), &StoreOptions::default())
-        .context("open the partition store")?;
+    let db_dir = base_dir.join("db");
+    let stores = PartitionStoreManager::open(&db_dir, &StoreOptions::default()).map_err(|err| {
+        let damaged = err.is_damaged();
+        let err = anyhow::Error::new(err);
+        if damaged {
+            err.context(crate::node::store_damaged(&db_dir))
+        } else {
+            err.context("open the partition store")
+        }
+    })?;
     let Some(store) = stores.partition(partition) else {
         bail!(
             "partition {partition} has no store in {}; nothing to drop",

@@ -76,6 +76,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether RocksDB found a file of the store damaged or missing (a table or its MANIFEST).
+    pub fn is_damaged(&self) -> bool {
+        match self {
+            Error::RocksDb { source, .. } | Error::Open { source, .. } => {
+                source.kind() == rust_rocksdb::ErrorKind::Corruption
+                    || (source.kind() == rust_rocksdb::ErrorKind::IOError
+                        && source.as_ref().contains("No such file or directory"))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether RocksDB refused because the disk holding the store is full. RocksDB then stops
     /// writing (also for the other partitions: they share one database) and resumes by itself
     /// once there is room for a memtable flush again; reads go on meanwhile.
