@@ -119,10 +119,22 @@ fn not_an_integer() -> Reply {
 }
 
 fn integer(arg: &[u8]) -> Result<i64, Reply> {
-    std::str::from_utf8(arg)
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-        .ok_or_else(not_an_integer)
+    redis_integer(arg).ok_or_else(not_an_integer)
+}
+
+/// An integer as Redis reads one (`string2ll`): decimal digits with an optional `-`, no `+`, no
+/// leading zeros, no blanks.
+pub(super) fn redis_integer(text: &[u8]) -> Option<i64> {
+    if text == b"0" {
+        return Some(0);
+    }
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    if !digits.first().is_some_and(|d| (b'1'..=b'9').contains(d))
+        || !digits.iter().all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 /// Cairn's bounds on keys: 1 to 4096 bytes (Redis allows an empty key; Cairn does not).
@@ -155,6 +167,10 @@ fn value_ok(value: &Bytes) -> Result<(), Reply> {
 /// non-positive one, as Redis does) or for an expire (where it deletes the key).
 fn after(amount: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, Reply> {
     let invalid = || Reply::error(format!("ERR invalid expire time in '{command}' command"));
+    // Redis refuses seconds whose milliseconds overflow, either way, before it looks at the sign.
+    if !millis && amount.checked_mul(1000).is_none() {
+        return Err(invalid());
+    }
     if amount <= 0 {
         return if set {
             Err(invalid())
@@ -165,7 +181,7 @@ fn after(amount: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, 
     let ms = if millis {
         amount as u64
     } else {
-        (amount as u64).checked_mul(1000).ok_or_else(invalid)?
+        amount as u64 * 1000
     };
     // Beyond Cairn's bound, but said as Redis says it when the time overflows.
     if ms > i64::MAX as u64 {
@@ -182,6 +198,12 @@ fn after(amount: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, 
 /// An absolute expiry at `at` seconds (or milliseconds) since the Unix epoch.
 fn at(at: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, Reply> {
     let invalid = || Reply::error(format!("ERR invalid expire time in '{command}' command"));
+    // Redis refuses a time whose milliseconds do not fit a signed 64-bit integer, either way.
+    let ms = if millis {
+        at
+    } else {
+        at.checked_mul(1000).ok_or_else(invalid)?
+    };
     if at <= 0 {
         return if set {
             Err(invalid())
@@ -189,12 +211,6 @@ fn at(at: i64, millis: bool, command: &str, set: bool) -> Result<Expiry, Reply> 
             Ok(Expiry::At(0))
         };
     }
-    // Redis refuses a time whose milliseconds do not fit a signed 64-bit integer.
-    let ms = if millis {
-        at
-    } else {
-        at.checked_mul(1000).ok_or_else(invalid)?
-    };
     Ok(Expiry::At(ms as u64))
 }
 
@@ -472,37 +488,46 @@ fn parse_known(name: &str, args: &[Bytes]) -> Result<Option<Command>, Reply> {
 fn parse_set(args: &[Bytes]) -> Result<(WriteOp, WriteReply), Reply> {
     let mut condition = Condition::Always;
     let mut get = false;
-    let mut expiry: Option<Expiry> = None;
+    let mut keep_ttl = false;
+    // The expiry option and its argument. As in Redis, an option may be given again (the last
+    // one counts) but not with one it excludes, and the options are all read before the
+    // argument is: `SET k v EX x NX XX` is a syntax error, not a bad integer.
+    let mut timed: Option<(Vec<u8>, &Bytes)> = None;
     let mut i = 3;
     while i < args.len() {
         let option = args[i].to_ascii_lowercase();
-        let timed = matches!(option.as_slice(), b"ex" | b"px" | b"exat" | b"pxat");
+        let is_timed = matches!(option.as_slice(), b"ex" | b"px" | b"exat" | b"pxat");
         match option.as_slice() {
             b"nx" if condition != Condition::IfPresent => condition = Condition::IfAbsent,
             b"xx" if condition != Condition::IfAbsent => condition = Condition::IfPresent,
             b"get" => get = true,
-            b"keepttl" if expiry.is_none() => expiry = Some(Expiry::Keep),
-            _ if timed && expiry.is_none() && i + 1 < args.len() => {
-                let amount = integer(&args[i + 1])?;
-                let millis = option.starts_with(b"p");
-                expiry = Some(if option.ends_with(b"at") {
-                    at(amount, millis, "set", true)?
-                } else {
-                    after(amount, millis, "set", true)?
-                });
+            b"keepttl" if timed.is_none() => keep_ttl = true,
+            _ if is_timed
+                && !keep_ttl
+                && timed.as_ref().is_none_or(|(given, _)| *given == option)
+                && i + 1 < args.len() =>
+            {
+                timed = Some((option, &args[i + 1]));
                 i += 1;
             }
             _ => return Err(syntax_error()),
         }
         i += 1;
     }
-    let op = set_op(
-        args[1].clone(),
-        args[2].clone(),
-        expiry.unwrap_or(Expiry::Never),
-        condition,
-        get,
-    );
+    let expiry = match timed {
+        Some((option, amount)) => {
+            let amount = integer(amount)?;
+            let millis = option.starts_with(b"p");
+            if option.ends_with(b"at") {
+                at(amount, millis, "set", true)?
+            } else {
+                after(amount, millis, "set", true)?
+            }
+        }
+        None if keep_ttl => Expiry::Keep,
+        None => Expiry::Never,
+    };
+    let op = set_op(args[1].clone(), args[2].clone(), expiry, condition, get);
     let reply = if get {
         WriteReply::Old
     } else {
@@ -877,6 +902,79 @@ mod tests {
         );
         assert!(refused("SET k v EX 999999999999").contains("Cairn's limit"));
         assert!(refused("FLUSHALL now").starts_with("ERR unknown command 'FLUSHALL'"));
+    }
+
+    /// What Redis 7's `parseExtendedStringArgumentsOrReply` takes: an option given again counts
+    /// once (the last expiry wins), and every option is read before the expiry's argument.
+    #[test]
+    fn set_options_given_twice_count_once_and_are_read_before_their_argument() {
+        let expiry_of = |line: &str| match parse(args(line)).1 {
+            Command::Write(write) => match &write.ops[0].action {
+                Action::Set { expiry, .. } => *expiry,
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{line:?}: {other:?}"),
+        };
+        assert_eq!(expiry_of("SET k v EX 10 EX 20"), Expiry::After(20_000));
+        assert_eq!(expiry_of("SET k v KEEPTTL KEEPTTL"), Expiry::Keep);
+        assert_eq!(expiry_of("SET k v NX NX GET GET"), Expiry::Never);
+        assert_eq!(refused("SET k v EX abc NX XX"), "ERR syntax error");
+        assert_eq!(refused("SET k v EX 10 KEEPTTL"), "ERR syntax error");
+        assert_eq!(
+            refused("SET k v EX 10 EX abc"),
+            "ERR value is not an integer or out of range"
+        );
+    }
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        for (text, read) in [
+            ("0", Some(0)),
+            ("17", Some(17)),
+            ("-17", Some(-17)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("-9223372036854775808", Some(i64::MIN)),
+            ("9223372036854775808", None),
+            ("+1", None),
+            ("01", None),
+            ("-0", None),
+            ("-", None),
+            ("", None),
+            (" 1", None),
+            ("1 ", None),
+            ("1e3", None),
+        ] {
+            assert_eq!(redis_integer(text.as_bytes()), read, "{text:?}");
+        }
+        assert_eq!(
+            refused("EXPIRE k +5"),
+            "ERR value is not an integer or out of range"
+        );
+    }
+
+    #[test]
+    fn expire_times_whose_milliseconds_overflow_are_refused_either_way() {
+        for line in [
+            "EXPIRE k -9223372036854775808",
+            "EXPIRE k 9223372036854775807",
+            "EXPIREAT k -9223372036854775808",
+            "SET k v EX -9223372036854775808",
+        ] {
+            assert!(
+                refused(line).starts_with("ERR invalid expire time in"),
+                "{line}"
+            );
+        }
+        // Milliseconds cannot overflow: a past time deletes the key.
+        let (_, Command::Write(write)) = parse(args("PEXPIRE k -9223372036854775808")) else {
+            panic!()
+        };
+        assert!(matches!(
+            write.ops[0].action,
+            Action::Expire {
+                expiry: Expiry::At(0)
+            }
+        ));
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub(super) fn split(line: &[u8]) -> Option<Vec<Bytes>> {
             let next = line.get(at).copied();
             match (quoting, next) {
                 (Quoting::None, None) => break,
-                (Quoting::None, Some(c)) if is_blank(c) => break,
+                // A word ends at these only, as in `sdssplitargs`: `\v` and `\f` are part of it.
+                (Quoting::None, Some(b' ' | b'\t' | b'\n' | b'\r')) => break,
                 (Quoting::None, Some(b'"')) => quoting = Quoting::Double,
                 (Quoting::None, Some(b'\'')) => quoting = Quoting::Single,
                 (Quoting::Double | Quoting::Single, None) => return None,
@@ -109,6 +110,11 @@ mod tests {
         );
         assert_eq!(args("   "), Some(vec![]));
         assert_eq!(args(""), Some(vec![]));
+        // `\v` and `\f` are blanks between words but part of one, as in `sdssplitargs`.
+        assert_eq!(
+            args("ECHO a\x0bb \x0c c"),
+            Some(vec!["ECHO".into(), "a\x0bb".into(), "c".into()])
+        );
     }
 
     #[test]

@@ -741,7 +741,10 @@ enum ProtocolError {
     NotAnArray(u8),
     #[error("invalid multibulk length")]
     ArrayLength,
-    #[error("a command of {0} arguments; Cairn takes at most {BATCH_KEYS_MAX} keys per command")]
+    #[error(
+        "a command of {0} arguments; Cairn takes at most {ARGUMENTS_MAX} (a command of at most \
+         {BATCH_KEYS_MAX} keys)"
+    )]
     TooManyArguments(i64),
     #[error("expected '$', got '{}'", char::from(*.0).escape_default())]
     NotABulkString(u8),
@@ -817,6 +820,11 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
                 Err(err) => return (commands, Some(err)),
             }
         }
+        if let Some(len) = empty_array_len(input) {
+            // `*0` and `*-1` are passed over, as Redis passes them over.
+            bytes::Buf::advance(input, len);
+            continue;
+        }
         match command_frame_len(input) {
             Ok(Some(_)) => {}
             Ok(None) => break,
@@ -842,6 +850,18 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
     (commands, None)
 }
 
+/// The length of the header line at the start of `input` if it is that of an empty or null
+/// array (`*0`, `*-1`): no command.
+fn empty_array_len(input: &[u8]) -> Option<usize> {
+    let line = input.strip_prefix(b"*")?;
+    let end = line.iter().take(32).position(|&b| b == b'\r')?;
+    if line.get(end + 1) != Some(&b'\n') {
+        return None;
+    }
+    let count = command::redis_integer(&line[..end])?;
+    (count <= 0).then_some(end + 3)
+}
+
 /// Arguments of one command, at most: `MSET` of a request's worth of keys.
 const ARGUMENTS_MAX: usize = 2 * BATCH_KEYS_MAX + 8;
 
@@ -857,9 +877,7 @@ fn command_frame_len(input: &[u8]) -> Result<Option<usize>, ProtocolError> {
         let rest = &input[at.min(input.len())..];
         match rest.windows(2).position(|w| w == b"\r\n") {
             Some(end) => {
-                let number = std::str::from_utf8(&rest[1..end])
-                    .ok()
-                    .and_then(|n| n.parse::<i64>().ok());
+                let number = command::redis_integer(&rest[1..end]);
                 Ok(Some((number.unwrap_or(-1), at + end + 2)))
             }
             None if rest.len() > HEADER_MAX => Err(ProtocolError::HeaderTooLong),
@@ -1201,6 +1219,38 @@ mod tests {
         let (commands, error) = decode(&mut input);
         assert_eq!((commands.len(), error), (2, None));
         assert!(input.is_empty());
+    }
+
+    #[test]
+    fn empty_and_null_arrays_are_passed_over_and_lengths_are_strict() {
+        let mut input = BytesMut::from(&b"*0\r\n*-1\r\n*1\r\n$4\r\nPING\r\n"[..]);
+        let (commands, error) = decode(&mut input);
+        assert_eq!(error, None);
+        assert_eq!(commands.len(), 1);
+        assert!(input.is_empty());
+        for (frame, error) in [
+            (&b"*+1\r\n$4\r\nPING\r\n"[..], ProtocolError::ArrayLength),
+            (&b"*01\r\n$4\r\nPING\r\n"[..], ProtocolError::ArrayLength),
+            (&b"*1\r\n$04\r\nPING\r\n"[..], ProtocolError::BulkLength),
+        ] {
+            let mut input = BytesMut::from(frame);
+            assert_eq!(decode(&mut input).1, Some(error), "{frame:?}");
+        }
+    }
+
+    #[test]
+    fn resp3_maps_keep_their_order() {
+        let map = Reply::Map(vec![
+            (Reply::bulk("server"), Reply::bulk("cairn")),
+            (Reply::bulk("version"), Reply::bulk("1")),
+            (Reply::bulk("proto"), Reply::Int(3)),
+        ]);
+        let mut out = BytesMut::new();
+        map.encode(true, &mut out);
+        assert_eq!(
+            &out[..],
+            b"%3\r\n$6\r\nserver\r\n$5\r\ncairn\r\n$7\r\nversion\r\n$1\r\n1\r\n$5\r\nproto\r\n:3\r\n"
+        );
     }
 
     #[test]

@@ -35,11 +35,34 @@ impl Reply {
     pub fn encode(self, resp3: bool, out: &mut BytesMut) {
         // Only frames the protocol can carry are built, so encoding cannot fail.
         if resp3 {
-            redis_protocol::resp3::encode::complete::extend_encode(out, &self.resp3(), false)
-                .expect("encode a RESP3 reply");
+            self.encode_resp3(out);
         } else {
             redis_protocol::resp2::encode::extend_encode(out, &self.resp2(), false)
                 .expect("encode a RESP2 reply");
+        }
+    }
+
+    /// RESP3, with maps in the order of their pairs (the codec's map type has none): `HELLO`
+    /// puts `server` first, as Redis does.
+    fn encode_resp3(self, out: &mut BytesMut) {
+        match self {
+            Reply::Map(pairs) => {
+                out.extend_from_slice(format!("%{}\r\n", pairs.len()).as_bytes());
+                for (key, value) in pairs {
+                    key.encode_resp3(out);
+                    value.encode_resp3(out);
+                }
+            }
+            Reply::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for item in items {
+                    item.encode_resp3(out);
+                }
+            }
+            scalar => {
+                redis_protocol::resp3::encode::complete::extend_encode(out, &scalar.resp3(), false)
+                    .expect("encode a RESP3 reply");
+            }
         }
     }
 
