@@ -245,8 +245,9 @@ impl ClientConnection {
     async fn run(&mut self, mut stream: TcpStream) {
         let mut input = BytesMut::with_capacity(INPUT_KEPT_BYTES);
         let mut input_closed = false;
+        let mut scan = FrameScan::default();
         loop {
-            let (commands, protocol_error) = decode(&mut input);
+            let (commands, protocol_error) = decode_resuming(&mut input, &mut scan);
             let ran = !commands.is_empty();
             let mut output = Output {
                 stream: &mut stream,
@@ -793,9 +794,19 @@ fn inline_command(input: &[u8]) -> Result<Option<(Vec<Bytes>, usize)>, ProtocolE
     Ok(Some((args, line_end + 1)))
 }
 
-/// Every complete command in `input` (up to [`COMMANDS_PER_ROUND_MAX`]), and the protocol error
-/// that ends the connection, if any.
+/// [`decode_resuming`] of input that no earlier call has scanned.
+#[cfg(test)]
 fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<ProtocolError>) {
+    decode_resuming(input, &mut FrameScan::default())
+}
+
+/// Every complete command in `input` (up to [`COMMANDS_PER_ROUND_MAX`]), and the protocol error
+/// that ends the connection, if any. `scan` is how far the last call got into the incomplete
+/// frame it left at the front of `input`, and it says so again for the next.
+fn decode_resuming(
+    input: &mut BytesMut,
+    scan: &mut FrameScan,
+) -> (Vec<(&'static str, Command)>, Option<ProtocolError>) {
     let mut commands = Vec::new();
     while commands.len() < COMMANDS_PER_ROUND_MAX {
         if input.first().is_some_and(|&first| first != b'*') {
@@ -825,8 +836,8 @@ fn decode(input: &mut BytesMut) -> (Vec<(&'static str, Command)>, Option<Protoco
             bytes::Buf::advance(input, len);
             continue;
         }
-        match command_frame_len(input) {
-            Ok(Some(_)) => {}
+        match scan_frame(input, scan) {
+            Ok(Some(_)) => *scan = FrameScan::default(),
             Ok(None) => break,
             Err(details) => return (commands, Some(details)),
         }
@@ -865,17 +876,37 @@ fn empty_array_len(input: &[u8]) -> Option<usize> {
 /// Arguments of one command, at most: `MSET` of a request's worth of keys.
 const ARGUMENTS_MAX: usize = 2 * BATCH_KEYS_MAX + 8;
 
-/// How long the command frame at the start of `input` is, once it is all there (`None` before).
-/// A command is an array of bulk strings, the form every client sends; anything else is refused
-/// with Redis's words for it. The codec crate decodes the frame only once it is known to be one:
-/// its decoder follows nested arrays without a bound on their depth, so that a frame of a million
-/// nested arrays would overflow the stack.
+/// How far [`scan_frame`] got into the frame at the start of a connection's input, so that a
+/// frame that arrives in many reads is read once, not again from its start at each read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct FrameScan {
+    /// The frame's arguments, once its header is read (0 before).
+    count: i64,
+    /// The arguments read whole so far.
+    done: i64,
+    /// Where the next argument starts.
+    at: usize,
+}
+
+/// [`scan_frame`] from the start of the frame.
+#[cfg(test)]
 fn command_frame_len(input: &[u8]) -> Result<Option<usize>, ProtocolError> {
+    scan_frame(input, &mut FrameScan::default())
+}
+
+/// How long the command frame at the start of `input` is, once it is all there (`None` before;
+/// `scan` then says how far it got, and the next call goes on from there). A command is an array
+/// of bulk strings, the form every client sends; anything else is refused with Redis's words for
+/// it. The codec crate decodes the frame only once it is known to be one: its decoder follows
+/// nested arrays without a bound on their depth, so that a frame of a million nested arrays
+/// would overflow the stack.
+fn scan_frame(input: &[u8], scan: &mut FrameScan) -> Result<Option<usize>, ProtocolError> {
     /// The longest header line (`*N` or `$N`) there is.
     const HEADER_MAX: usize = 32;
     let header = |at: usize| -> Result<Option<(i64, usize)>, ProtocolError> {
         let rest = &input[at.min(input.len())..];
-        match rest.windows(2).position(|w| w == b"\r\n") {
+        let searched = &rest[..rest.len().min(HEADER_MAX + 2)];
+        match searched.windows(2).position(|w| w == b"\r\n") {
             Some(end) => {
                 let number = command::redis_integer(&rest[1..end]);
                 Ok(Some((number.unwrap_or(-1), at + end + 2)))
@@ -884,21 +915,25 @@ fn command_frame_len(input: &[u8]) -> Result<Option<usize>, ProtocolError> {
             None => Ok(None),
         }
     };
-    match input.first() {
-        None => return Ok(None),
-        Some(b'*') => {}
-        Some(&other) => return Err(ProtocolError::NotAnArray(other)),
+    if scan.count == 0 {
+        match input.first() {
+            None => return Ok(None),
+            Some(b'*') => {}
+            Some(&other) => return Err(ProtocolError::NotAnArray(other)),
+        }
+        let Some((count, at)) = header(0)? else {
+            return Ok(None);
+        };
+        if count < 1 {
+            return Err(ProtocolError::ArrayLength);
+        }
+        if count as u64 > ARGUMENTS_MAX as u64 {
+            return Err(ProtocolError::TooManyArguments(count));
+        }
+        *scan = FrameScan { count, done: 0, at };
     }
-    let Some((count, mut at)) = header(0)? else {
-        return Ok(None);
-    };
-    if count < 1 {
-        return Err(ProtocolError::ArrayLength);
-    }
-    if count as u64 > ARGUMENTS_MAX as u64 {
-        return Err(ProtocolError::TooManyArguments(count));
-    }
-    for _ in 0..count {
+    while scan.done < scan.count {
+        let at = scan.at;
         match input.get(at) {
             None => return Ok(None),
             Some(b'$') => {}
@@ -910,15 +945,17 @@ fn command_frame_len(input: &[u8]) -> Result<Option<usize>, ProtocolError> {
         if len < 0 || len as u64 > FRAME_BYTES_MAX as u64 {
             return Err(ProtocolError::BulkLength);
         }
-        at = data + len as usize + 2;
-        if at > input.len() {
+        let end = data + len as usize + 2;
+        if end > input.len() {
             return Ok(None);
         }
-        if &input[at - 2..at] != b"\r\n" {
+        if &input[end - 2..end] != b"\r\n" {
             return Err(ProtocolError::BulkOverrun);
         }
+        scan.at = end;
+        scan.done += 1;
     }
-    Ok(Some(at))
+    Ok(Some(scan.at))
 }
 
 /// Operations that return their old value in one request: half of what a request may carry, so
@@ -1239,6 +1276,31 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_that_comes_in_pieces_is_scanned_once() {
+        let frame = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10\r\n0123456789\r\n";
+        let mut scan = FrameScan::default();
+        let mut input = BytesMut::new();
+        for (i, &byte) in frame.iter().enumerate() {
+            input.extend_from_slice(&[byte]);
+            let (commands, error) = decode_resuming(&mut input, &mut scan);
+            assert_eq!(error, None);
+            if i + 1 < frame.len() {
+                assert!(commands.is_empty(), "complete at byte {i}");
+                assert!(scan.at <= input.len());
+            } else {
+                assert_eq!(commands.len(), 1);
+            }
+        }
+        assert!(input.is_empty());
+        assert_eq!(scan, FrameScan::default(), "ready for the next frame");
+        // Mid-way, the arguments already read are not read again.
+        let mut scan = FrameScan::default();
+        let partial = &frame[..frame.len() - 5];
+        assert_eq!(scan_frame(partial, &mut scan), Ok(None));
+        assert_eq!((scan.count, scan.done), (3, 2));
+    }
+
+    #[test]
     fn resp3_maps_keep_their_order() {
         let map = Reply::Map(vec![
             (Reply::bulk("server"), Reply::bulk("cairn")),
@@ -1301,6 +1363,51 @@ mod tests {
                 let (commands, _) = decode(&mut buffer);
                 proptest::prop_assert_eq!((commands.len(), buffer.len()), (0, before));
             }
+        }
+
+        /// Input that arrives in pieces frames the same commands, and fails the same way, as
+        /// the same input all at once.
+        #[test]
+        fn input_in_pieces_frames_as_input_at_once(
+            args in proptest::collection::vec(proptest::collection::vec(
+                proptest::sample::select(b"ab\r\n$*0".to_vec()), 0..12), 1..5),
+            cuts in proptest::collection::vec(1usize..9, 1..40),
+            tail in proptest::collection::vec(proptest::sample::select(b"*$\r\n1x".to_vec()), 0..8),
+        ) {
+            let mut input = Vec::new();
+            for _ in 0..2 {
+                input.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+                for arg in &args {
+                    input.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                    input.extend_from_slice(arg);
+                    input.extend_from_slice(b"\r\n");
+                }
+            }
+            input.extend_from_slice(&tail);
+            let named = |commands: Vec<(&'static str, Command)>| -> Vec<String> {
+                commands.into_iter().map(|(label, command)| format!("{label} {command:?}")).collect()
+            };
+            let mut whole = BytesMut::from(&input[..]);
+            let (at_once, error_at_once) = decode(&mut whole);
+            let mut pieces = Vec::new();
+            let mut error_in_pieces = None;
+            let (mut buffer, mut scan, mut from) = (BytesMut::new(), FrameScan::default(), 0);
+            for cut in cuts.iter().cycle() {
+                let to = (from + cut).min(input.len());
+                buffer.extend_from_slice(&input[from..to]);
+                from = to;
+                let (commands, error) = decode_resuming(&mut buffer, &mut scan);
+                pieces.extend(commands);
+                if error.is_some() {
+                    error_in_pieces = error;
+                    break;
+                }
+                if from == input.len() {
+                    break;
+                }
+            }
+            proptest::prop_assert_eq!(named(pieces), named(at_once));
+            proptest::prop_assert_eq!(error_in_pieces, error_at_once);
         }
     }
 
