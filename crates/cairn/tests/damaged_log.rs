@@ -686,6 +686,86 @@ async fn a_full_store_disk_keeps_serving_reads_and_recovers_by_itself() {
     server.stop();
 }
 
+/// The store's disk fills while the log's has room: the write whose records the store then
+/// refuses is in the log, and its client is told at once that its outcome is not known yet,
+/// rather than left waiting until the disk has room (an operator's hours). It is applied then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_full_store_cannot_apply_is_answered_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = dir.path().join("data");
+    let db = base_dir.join("db");
+    let Some(_tmpfs) = Tmpfs::mount_or_skip(&db, "160m") else {
+        return;
+    };
+    let server = start(&base_dir);
+    let client = client(&server.address).await;
+    let filler = db.join("filler");
+    fill_up(&filler);
+
+    // The memtables take writes until their flush fails; then the store refuses them.
+    let mut acknowledged = Vec::new();
+    let mut undecided = None;
+    for key in keys_of(DAMAGED, "key", 1000) {
+        let entry = PutEntry {
+            key: Bytes::from(key.clone()),
+            value: Bytes::from(vec![b'v'; 64 * 1024]),
+            ttl: None,
+        };
+        match tokio::time::timeout(Duration::from_secs(20), client.put(vec![entry])).await {
+            Ok(Ok(())) => acknowledged.push(key),
+            Ok(Err(err)) => {
+                assert_eq!(
+                    err.code(),
+                    Some(cairn_client::Code::DeadlineExceeded),
+                    "{err}"
+                );
+                assert!(
+                    err.to_string()
+                        .contains("is in the log and is applied once there is room"),
+                    "{err}"
+                );
+                undecided = Some(key);
+                break;
+            }
+            Err(_) => panic!("a write waited 20 s for the full store without an answer"),
+        }
+    }
+    let undecided = undecided.expect("1000 writes of 64 KiB never filled the store");
+    let refused = put_large(&client, "refused-at-once", 10).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(cairn_client::Code::ResourceExhausted),
+        "{refused}"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while put_large(&client, "after", 10).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes did not resume once space was freed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    acknowledged.push(undecided);
+    let values = client
+        .get(
+            acknowledged
+                .iter()
+                .map(|k| Bytes::from(k.clone()))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        values
+            .iter()
+            .all(|v| v.as_ref().map(|v| v.len()) == Some(64 * 1024)),
+        "every acknowledged write, and the undecided one, took effect"
+    );
+    server.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_on_a_full_disk_says_so_at_start_and_starts_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();

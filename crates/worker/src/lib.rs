@@ -54,9 +54,8 @@ pub enum Error {
     /// later leader applies it, so the request may or may not take effect. A retry is not the
     /// same request (an insert-if-absent retried would answer for the first attempt's insert).
     #[error(
-        "partition {partition}: the request was written to the log at LSN {lsn}, but the \
-         partition stopped before applying it ({reason}); it may still take effect: read the \
-         keys to know"
+        "partition {partition}: the request was written to the log at LSN {lsn}, but it was not \
+         applied before this answer ({reason}); it may still take effect: read the keys to know"
     )]
     Undecided {
         partition: PartitionId,

@@ -80,8 +80,22 @@ impl Shared {
         self.time.load(Ordering::Acquire)
     }
 
+    /// Sets or clears the full-store state. Setting it answers every waiting request: those
+    /// whose records are in the log are applied once there is room, which may be long after their
+    /// clients give up, so they learn now that their outcome is not known yet (and new writes are
+    /// refused at once meanwhile).
     pub fn set_store_full(&self, full: Option<Arc<cairn_partition_store::Error>>) {
+        let became_full = full.clone();
         *self.store_full.lock().unwrap_or_else(|p| p.into_inner()) = full;
+        if let Some(source) = became_full {
+            let waiters: Vec<Waiter> = self.lock_waiters().drain().map(|(_, w)| w).collect();
+            for waiter in waiters {
+                let _ = waiter.send(Err(Error::StoreDiskFull {
+                    partition: self.id,
+                    source: source.clone(),
+                }));
+            }
+        }
     }
 
     fn store_full(&self) -> Option<Arc<cairn_partition_store::Error>> {
@@ -548,6 +562,13 @@ impl Partition {
                 reason,
             });
         }
+        // The same for a store that turned full since `propose` looked.
+        if let Some(source) = self.shared.store_full() {
+            return Err(Error::StoreDiskFull {
+                partition: self.id(),
+                source,
+            });
+        }
         let envelope = Envelope {
             header: Header {
                 epoch,
@@ -585,6 +606,10 @@ impl Partition {
         };
         match rx.await {
             Ok(Err(Error::Stopped { reason, .. })) => Err(undecided(reason)),
+            Ok(Err(Error::StoreDiskFull { source, .. })) => Err(undecided(format!(
+                "the disk holding the partition store is full ({source}); the write is in the \
+                 log and is applied once there is room again"
+            ))),
             Ok(outcome) => outcome,
             Err(_) => Err(undecided(
                 "the processor ended before applying the request".into(),
