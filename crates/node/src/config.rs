@@ -84,7 +84,7 @@ mod address_or_none {
         text.parse().map(Some).map_err(|_| {
             serde::de::Error::custom(format!(
                 "{text:?} is not an address; give host:port with an IP address (e.g. \
-                 127.0.0.1:6380), or \"none\" for no Redis port"
+                 127.0.0.1:6380), or \"none\" for no such port"
             ))
         })
     }
@@ -146,7 +146,8 @@ impl Default for NatsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// Address of the HTTP port that serves Prometheus metrics at `/metrics`. Unset: no port.
+    /// Address of the HTTP port that serves Prometheus metrics at `/metrics`; `"none"`: no port.
+    #[serde(with = "address_or_none")]
     pub bind_address: Option<SocketAddr>,
 }
 
@@ -772,6 +773,22 @@ mod tests {
         ] {
             assert_eq!(redact_credentials(given), shown, "{given}");
         }
+    }
+
+    #[test]
+    fn a_port_can_be_turned_off_with_none() {
+        Jail::expect_with(|jail| {
+            jail.set_env("CAIRN_METRICS__BIND_ADDRESS", "none");
+            jail.create_file("cairn.toml", "[resp]\nbind-address = \"none\"\n")?;
+            let config = load(Some("cairn.toml")).expect("none is no port");
+            assert_eq!(config.metrics.bind_address, None);
+            assert_eq!(config.resp.bind_address, None);
+            jail.set_env("CAIRN_METRICS__BIND_ADDRESS", "localhost:5123");
+            let refused = load(None).unwrap_err().to_string();
+            assert!(refused.contains("metrics.bind-address"), "{refused}");
+            assert!(refused.contains("\"none\" for no such port"), "{refused}");
+            Ok(())
+        });
     }
 
     #[test]
