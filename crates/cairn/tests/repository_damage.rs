@@ -167,11 +167,7 @@ async fn a_corrupt_stored_sst_is_uploaded_again_by_the_next_snapshot() {
 
     // Flip a byte in the middle of one of the first snapshot's objects, in place.
     let victim = snapshot_object_keys(&a, &first)[0].clone();
-    let path = repository.join("0").join(&victim);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(&path, bytes).unwrap();
+    flip_middle_byte(&repository.join("0").join(&victim));
     assert!(fails(cairnctl(&a, &["snapshots", "verify", &first])).contains("checksum"));
 
     let second = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
@@ -217,10 +213,7 @@ async fn a_trim_with_create_reads_the_snapshot_back_first() {
     // Rot: same size, same modification time, so nothing but its bytes shows it.
     let path = repository.join("0").join(&victim);
     let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-    let mut bytes = std::fs::read(&path).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x01;
-    std::fs::write(&path, bytes).unwrap();
+    flip_middle_byte(&path);
     std::fs::File::options()
         .write(true)
         .open(&path)
@@ -239,6 +232,14 @@ async fn a_trim_with_create_reads_the_snapshot_back_first() {
     assert!(refused.contains(&victim), "names the object: {refused}");
     assert_eq!(partition_columns(&a, 0)[TRIM_POINT], trim_point);
     server.stop();
+}
+
+/// Flips a bit of the byte in the middle of `path`, in place: the file keeps its size.
+fn flip_middle_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
 }
 
 /// Staged copies (`<object>#<digits>`) in a local repository's `ssts` folder.

@@ -58,12 +58,17 @@ impl Shared {
             }
         });
         let reason = self.stopped_reason().unwrap_or(reason);
+        self.fail_waiters(|| Error::Stopped {
+            partition: self.id,
+            reason: reason.clone(),
+        });
+    }
+
+    /// Answers every waiting request with `error()`.
+    fn fail_waiters(&self, error: impl Fn() -> Error) {
         let waiters: Vec<Waiter> = self.lock_waiters().drain().map(|(_, w)| w).collect();
         for waiter in waiters {
-            let _ = waiter.send(Err(Error::Stopped {
-                partition: self.id,
-                reason: reason.clone(),
-            }));
+            let _ = waiter.send(Err(error()));
         }
     }
 
@@ -85,16 +90,12 @@ impl Shared {
     /// clients give up, so they learn now that their outcome is not known yet (and new writes are
     /// refused at once meanwhile).
     pub fn set_store_full(&self, full: Option<Arc<cairn_partition_store::Error>>) {
-        let became_full = full.clone();
-        *self.store_full.lock().unwrap_or_else(|p| p.into_inner()) = full;
-        if let Some(source) = became_full {
-            let waiters: Vec<Waiter> = self.lock_waiters().drain().map(|(_, w)| w).collect();
-            for waiter in waiters {
-                let _ = waiter.send(Err(Error::StoreDiskFull {
-                    partition: self.id,
-                    source: source.clone(),
-                }));
-            }
+        *self.store_full.lock().unwrap_or_else(|p| p.into_inner()) = full.clone();
+        if let Some(source) = full {
+            self.fail_waiters(|| Error::StoreDiskFull {
+                partition: self.id,
+                source: source.clone(),
+            });
         }
     }
 
@@ -515,12 +516,6 @@ impl Partition {
 
     async fn propose(&self, command: Command) -> Result<Outcome> {
         let epoch = self.serving_epoch()?;
-        if let Some(source) = self.shared.store_full() {
-            return Err(Error::StoreDiskFull {
-                partition: self.id(),
-                source,
-            });
-        }
         self.propose_at(epoch, command).await
     }
 
@@ -562,7 +557,8 @@ impl Partition {
                 reason,
             });
         }
-        // The same for a store that turned full since `propose` looked.
+        // A full store refuses new writes at once; checked after registering for the same
+        // reason (`set_store_full` sets the state before it answers the waiters).
         if let Some(source) = self.shared.store_full() {
             return Err(Error::StoreDiskFull {
                 partition: self.id(),

@@ -844,6 +844,14 @@ mod tests {
             .collect()
     }
 
+    /// The first operation of the write `line` parses to.
+    fn first_op(line: &str) -> WriteOp {
+        match parse(args(line)).1 {
+            Command::Write(write) => write.ops.into_iter().next().expect("an operation"),
+            other => panic!("{line:?} is no write: {other:?}"),
+        }
+    }
+
     fn refused(line: &str) -> String {
         match parse(args(line)).1 {
             Command::Refused(Reply::Error(message)) => message,
@@ -908,12 +916,9 @@ mod tests {
     /// once (the last expiry wins), and every option is read before the expiry's argument.
     #[test]
     fn set_options_given_twice_count_once_and_are_read_before_their_argument() {
-        let expiry_of = |line: &str| match parse(args(line)).1 {
-            Command::Write(write) => match &write.ops[0].action {
-                Action::Set { expiry, .. } => *expiry,
-                other => panic!("{other:?}"),
-            },
-            other => panic!("{line:?}: {other:?}"),
+        let expiry_of = |line: &str| match first_op(line).action {
+            Action::Set { expiry, .. } => expiry,
+            other => panic!("{other:?}"),
         };
         assert_eq!(expiry_of("SET k v EX 10 EX 20"), Expiry::After(20_000));
         assert_eq!(expiry_of("SET k v KEEPTTL KEEPTTL"), Expiry::Keep);
@@ -966,11 +971,8 @@ mod tests {
             );
         }
         // Milliseconds cannot overflow: a past time deletes the key.
-        let (_, Command::Write(write)) = parse(args("PEXPIRE k -9223372036854775808")) else {
-            panic!()
-        };
         assert!(matches!(
-            write.ops[0].action,
+            first_op("PEXPIRE k -9223372036854775808").action,
             Action::Expire {
                 expiry: Expiry::At(0)
             }
@@ -979,16 +981,14 @@ mod tests {
 
     #[test]
     fn expire_with_a_past_time_deletes_and_options_do_not_mix() {
-        let (_, Command::Write(write)) = parse(args("EXPIRE k -5")) else {
-            panic!()
-        };
+        let op = first_op("EXPIRE k -5");
         assert!(matches!(
-            write.ops[0].action,
+            op.action,
             Action::Expire {
                 expiry: Expiry::At(0)
             }
         ));
-        assert_eq!(write.ops[0].condition, Condition::IfPresent);
+        assert_eq!(op.condition, Condition::IfPresent);
         assert_eq!(
             refused("EXPIRE k 5 NX XX"),
             "ERR NX and XX, GT or LT options at the same time are not compatible"

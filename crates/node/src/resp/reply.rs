@@ -3,7 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 use redis_protocol::resp2::types::BytesFrame as Resp2;
-use redis_protocol::resp3::types::{BytesFrame as Resp3, FrameMap, VerbatimStringFormat};
+use redis_protocol::resp3::types::{BytesFrame as Resp3, VerbatimStringFormat};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
@@ -85,6 +85,7 @@ impl Reply {
         }
     }
 
+    /// A scalar reply as a RESP3 frame.
     fn resp3(self) -> Resp3 {
         match self {
             Reply::Ok => Resp3::SimpleString {
@@ -108,19 +109,8 @@ impl Reply {
                 attributes: None,
             },
             Reply::Nil => Resp3::Null,
-            Reply::Array(items) => Resp3::Array {
-                data: items.into_iter().map(Reply::resp3).collect(),
-                attributes: None,
-            },
-            Reply::Map(pairs) => {
-                let mut data = FrameMap::default();
-                for (k, v) in pairs {
-                    data.insert(k.resp3(), v.resp3());
-                }
-                Resp3::Map {
-                    data,
-                    attributes: None,
-                }
+            Reply::Array(_) | Reply::Map(_) => {
+                unreachable!("arrays and maps are written by `encode_resp3`, in order")
             }
             Reply::Text(text) => Resp3::VerbatimString {
                 data: Bytes::from(text),
