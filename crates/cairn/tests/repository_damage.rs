@@ -1,7 +1,7 @@
 //! A damaged or shared snapshot repository, with real `cairn` processes: a cluster re-created on
 //! a deleted base dir next to the old cluster's snapshots, a byte flipped in a stored SST, a
-//! publish killed in the middle of an upload, a `latest.json` that cannot be read, and a store that
-//! lost a table file.
+//! publish killed in the middle of an upload, a `latest.json` that cannot be read, a store that
+//! lost a table file, and one with a damaged table file.
 
 mod support;
 
@@ -597,5 +597,60 @@ async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
     let server = Server::start(base.path());
     assert_keys_there(&server.address, &keys).await;
     assert_keys_there(&server.address, &keys_of_partition("later", 0, 100)).await;
+    server.stop();
+}
+
+/// A bit flipped in a table file of the store, where nothing has read it yet: a snapshot would
+/// carry it into the repository under checksums computed over the damage, and a trim could then
+/// drop the only good copy from the log. The snapshot is refused instead, naming the file, and
+/// the restore it names rebuilds the partition with every key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_of_a_damaged_table_file_is_refused() {
+    let base = tempfile::tempdir().unwrap();
+    let repository = base.path().join("pp-snapshots");
+    let (first, later) = (
+        keys_of_partition("first", 0, 1000),
+        keys_of_partition("later", 0, 200),
+    );
+    let server = Server::start(base.path());
+    put_keys(&server.address, &first, 100).await;
+    let sound = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    )));
+    put_keys(&server.address, &later, 100).await;
+    server.stop();
+    // Partition 0's keys are the only data: its tables are the largest files of the store.
+    let table = std::fs::read_dir(base.path().join("db"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "sst"))
+        .max_by_key(|path| std::fs::metadata(path).unwrap().len())
+        .expect("a table file");
+    flip_middle_byte(&table);
+    let name = table.file_name().unwrap().to_str().unwrap().to_string();
+
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    let refused = fails(cairnctl(
+        &a,
+        &["snapshots", "create", "-p", "0", "--trim-log"],
+    ));
+    assert!(refused.contains("no snapshot was taken"), "{refused}");
+    assert!(
+        refused.contains(&format!("table file {name} of partition 0 is damaged")),
+        "names the file: {refused}"
+    );
+    assert!(
+        refused.contains("cairnctl -y partitions restore -p 0"),
+        "{refused}"
+    );
+    assert_eq!(retained_in_latest_json(&repository), vec![sound.clone()]);
+
+    ok(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert_keys_there(&a, &first).await;
+    assert_keys_there(&a, &later).await;
+    let next = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
+    assert_ne!(next, sound);
     server.stop();
 }

@@ -58,6 +58,7 @@ fn status_of(err: cairn_worker::Error) -> Status {
         E::TimedOut { .. } => Status::unavailable(err.to_string()),
         E::StoreDiskFull { .. } => Status::resource_exhausted(err.to_string()),
         E::AnswerTooLarge { .. } => Status::invalid_argument(err.to_string()),
+        E::StoreDamaged { .. } => Status::data_loss(err.to_string()),
     }
 }
 

@@ -34,6 +34,7 @@
 mod expiry;
 mod keys;
 mod store;
+mod verify;
 
 pub use store::{
     ColumnFamilyExport, ExportedFile, LeaderState, PartitionStore, PartitionStoreManager,
@@ -73,6 +74,24 @@ pub enum Error {
          disk or fix the error and run it again"
     )]
     CompactionFailed(cairn_types::PartitionId),
+    /// A table file of the partition failed RocksDB's checks (a block checksum, its format): the
+    /// partition's store is damaged. Found by [`ColumnFamilyExport::verify_tables`].
+    #[error("partition store: table file {file} of partition {partition} is damaged: {detail}")]
+    DamagedTable {
+        partition: cairn_types::PartitionId,
+        /// As RocksDB names it in the store's folder (`000123.sst`).
+        file: String,
+        /// RocksDB's account, naming the file as the store does.
+        detail: String,
+        #[source]
+        source: rust_rocksdb::Error,
+    },
+    #[error("partition store: {context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -84,6 +103,7 @@ impl Error {
                     || (source.kind() == rust_rocksdb::ErrorKind::IOError
                         && source.as_ref().contains("No such file or directory"))
             }
+            Error::DamagedTable { .. } => true,
             _ => false,
         }
     }
@@ -97,6 +117,7 @@ impl Error {
                 source.kind() == rust_rocksdb::ErrorKind::IOError
                     && source.as_ref().contains("No space left on device")
             }
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
             _ => false,
         }
     }

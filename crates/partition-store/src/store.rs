@@ -350,7 +350,7 @@ impl ExportedFile {
 
     /// The description RocksDB imports: this file, found in `directory`, into column family
     /// `column_family_name`.
-    fn to_live_file(
+    pub(crate) fn to_live_file(
         &self,
         column_family_name: String,
         directory: String,

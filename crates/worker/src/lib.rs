@@ -151,6 +151,20 @@ pub enum Error {
         #[source]
         source: Arc<cairn_partition_store::Error>,
     },
+    /// A table file of the partition's store failed its block checksums when a snapshot was to
+    /// be taken: no snapshot was taken (one would carry the damage into the repository, where
+    /// its object checksums would vouch for it), and so no trim it would have allowed.
+    #[error(
+        "partition {partition}: no snapshot was taken, because its store is damaged ({source}). \
+         The snapshots taken before are sound and the log still holds what followed them: \
+         rebuild the partition from them with `cairnctl -y partitions restore -p {partition}`, \
+         and check the disk under the node's base dir"
+    )]
+    StoreDamaged {
+        partition: PartitionId,
+        #[source]
+        source: cairn_partition_store::Error,
+    },
     /// Waiting for the processor made no progress for `waited`.
     #[error(
         "partition {partition}: {what} made no progress for {}s (applied LSN {applied}, log \

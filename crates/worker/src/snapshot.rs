@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 /// What `CreateSnapshot` answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,9 +132,13 @@ impl SnapshotProducer {
             .map_err(|e| snapshot_error(id, "create export folder", e))?;
         let export_dir = partition_dir.join(snapshot_id.to_string());
         let export = partition.export(export_dir.clone()).await?;
-        let result = self
-            .publish(partition, snapshot_id, &export, on_progress)
-            .await;
+        let result = match verify_tables(id, &export).await {
+            Ok(()) => {
+                self.publish(partition, snapshot_id, &export, on_progress)
+                    .await
+            }
+            Err(err) => Err(err),
+        };
         if let Err(err) = tokio::fs::remove_dir_all(&export_dir).await {
             warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
         }
@@ -284,6 +288,35 @@ impl SnapshotProducer {
             uploaded_files: 0,
             uploaded_bytes: 0,
         }))
+    }
+}
+
+/// Reads every block of the export's table files (see [`ColumnFamilyExport::verify_tables`]) on
+/// a blocking thread, before anything of it leaves the node.
+async fn verify_tables(id: PartitionId, export: &ColumnFamilyExport) -> Result<()> {
+    let export = export.clone();
+    let started = std::time::Instant::now();
+    let checked = tokio::task::spawn_blocking(move || export.verify_tables(id))
+        .await
+        .map_err(|e| snapshot_error(id, "check the exported table files", e))?;
+    match checked {
+        Ok(()) => {
+            debug!(partition = %id, duration_ms = started.elapsed().as_millis() as u64, "exported table files checked");
+            Ok(())
+        }
+        Err(source) if source.is_damaged() => {
+            let err = Error::StoreDamaged {
+                partition: id,
+                source,
+            };
+            error!(partition = %id, "{err}");
+            Err(err)
+        }
+        Err(source) => Err(Error::Storage {
+            partition: id,
+            context: "check the exported table files",
+            source: Box::new(source),
+        }),
     }
 }
 

@@ -258,6 +258,10 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let s3_plain = runtime.block_on(upload_plain(&s3, &full_files, args.upload_concurrency))?;
     progress("hashing the files as publish does first");
     let hash_only = runtime.block_on(hash_files(&full_files, args.upload_concurrency))?;
+    progress("checking every block of the tables, as the node does before it publishes");
+    let started = Instant::now();
+    full.verify_tables(PARTITION)?;
+    let block_check = started.elapsed();
     std::fs::remove_dir_all(&full.dir)?;
     std::fs::remove_dir_all(&plain_dir)?;
 
@@ -300,6 +304,11 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     row(
         "read + xxh3-128 only (publish's first pass)",
         hash_only,
+        None,
+    );
+    row(
+        "block checksums of the tables (before publish)",
+        block_check,
         None,
     );
     for (name, report) in [("local", &local_publish.0), ("S3", &s3_publish.0)] {
@@ -422,6 +431,11 @@ fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     println!(
         "- publish reads each file twice (hash, then upload), checks the repository for it, then \
          writes metadata.json and latest.json; the plain copies move the bytes once"
+    );
+    println!(
+        "- before it publishes, the node reads every block of the exported tables against its \
+         checksum (the block checksums row), so that a damaged table file never reaches the \
+         repository; the publish rows do not include it"
     );
     println!(
         "- the incremental publish reuses files this process uploaded, so it checks each with a \
