@@ -346,7 +346,22 @@ async fn an_unreadable_latest_json_spoils_only_its_own_partition() {
             &["snapshots", "create", "-p", &partition.to_string()],
         ))));
     }
+    let archived = partition_columns(&a, 1)[ARCHIVED].clone();
+    let trim_point = partition_columns(&a, 1)[TRIM_POINT].clone();
     std::fs::write(repository.join("1").join("latest.json"), b"{ not json").unwrap();
+
+    // The archived LSN read before the damage stands for snapshots that cannot be read now: a
+    // trim must not go by it.
+    let refused = fails(cairnctl(
+        &a,
+        &["-y", "logs", "trim", "-l", "1", "-t", &archived],
+    ));
+    assert!(
+        refused.contains("what its snapshots cover cannot be read now")
+            && refused.contains("Nothing was trimmed"),
+        "{refused}"
+    );
+    assert_eq!(partition_columns(&a, 1)[TRIM_POINT], trim_point);
 
     let listed = cairnctl(&a, &["snapshots", "list"]);
     let stdout = support::stdout(&listed);

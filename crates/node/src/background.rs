@@ -183,7 +183,11 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
             if !slot.running().is_ok_and(|p| p.leads()) {
                 continue;
             }
-            state.refresh_archived_lsn(slot.id()).await;
+            // What was read before may stand for snapshots that can no longer be read: trimming
+            // by it could leave the log with no snapshot to restore before it.
+            if state.refresh_archived_lsn(slot.id()).await.is_err() {
+                continue;
+            }
             let Some(archived) = state.archived_for(slot.id(), delay) else {
                 continue;
             };

@@ -187,14 +187,19 @@ impl NodeState {
             Ok(_) => {}
             Err(_) => self.metrics.record_failure(id, "create"),
         }
-        self.refresh_archived_lsn(id).await;
+        let _ = self.refresh_archived_lsn(id).await;
         result
     }
 
-    /// Re-reads what this cluster's snapshots in the repository cover for `id`.
-    pub async fn refresh_archived_lsn(&self, id: PartitionId) {
+    /// Re-reads what this cluster's snapshots in the repository cover for `id`. On failure the
+    /// LSN read before stays: it is what the metrics show, but a trim must not go by it (the
+    /// snapshots it stood for may be what can no longer be read).
+    pub async fn refresh_archived_lsn(
+        &self,
+        id: PartitionId,
+    ) -> Result<(), cairn_snapshots::Error> {
         let Some(snapshots) = &self.snapshots else {
-            return;
+            return Ok(());
         };
         match snapshots.repository().latest(id).await {
             Ok(Some(latest)) => {
@@ -213,8 +218,12 @@ impl NodeState {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&id);
             }
-            Err(err) => tracing::warn!(partition = %id, "read latest snapshot: {err}"),
+            Err(err) => {
+                tracing::warn!(partition = %id, "read latest snapshot: {err}");
+                return Err(err);
+            }
         }
+        Ok(())
     }
 }
 
@@ -468,7 +477,9 @@ async fn load_archived_lsns(state: &Arc<NodeState>) {
         futures::stream::iter(partitions)
             .for_each_concurrent(ARCHIVED_LSN_READS, |p| {
                 let reading = reading.clone();
-                async move { reading.refresh_archived_lsn(PartitionId(p)).await }
+                async move {
+                    let _ = reading.refresh_archived_lsn(PartitionId(p)).await;
+                }
             })
             .await;
     });

@@ -995,7 +995,17 @@ impl v1::admin_server::Admin for AdminService {
         slot.running().map_err(status_of)?;
         let requested = Lsn(request.trim_point);
         if !request.force {
-            self.state.refresh_archived_lsn(slot.id()).await;
+            if let Err(err) = self.state.refresh_archived_lsn(slot.id()).await {
+                let message = format!(
+                    "refusing to trim log {}: what its snapshots cover cannot be read now ({err}), and the snapshots read before may be what is gone. Nothing was trimmed. Once `cairnctl snapshots list -p {}` reads the repository again, trim again, or pass --force to trim anyway",
+                    slot.id(),
+                    slot.id()
+                );
+                return Err(match err {
+                    cairn_snapshots::Error::ObjectStore { .. } => Status::unavailable(message),
+                    _ => Status::failed_precondition(message),
+                });
+            }
             let archived = self.state.archived_lsn(slot.id());
             let tail = slot
                 .log()
@@ -1307,7 +1317,7 @@ impl v1::admin_server::Admin for AdminService {
                     .partitions
                     .restore(id, pinned, Some(on_progress))
                     .await;
-                state.refresh_archived_lsn(id).await;
+                let _ = state.refresh_archived_lsn(id).await;
                 result
             };
             let result = tokio::select! {
