@@ -469,3 +469,48 @@ async fn conditional_writes_answer_per_operation() {
     );
     server.stop();
 }
+
+/// Every connection holds a descriptor that the node's own files need too: the gRPC port takes
+/// at most `max-connections` at once and closes one more, and a freed place is taken again.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_beyond_max_connections_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &[], &[("CAIRN_MAX_CONNECTIONS", "2")]);
+    let a = &server.address;
+    let first = read_within(a).await;
+    let second = read_within(a).await;
+    let refused = try_read(a).await;
+    assert!(refused.is_err(), "a third connection was served");
+
+    drop(first);
+    let third = read_within(a).await;
+    second.get(vec![b("k")]).await.unwrap();
+    third.get(vec![b("k")]).await.unwrap();
+    server.stop();
+}
+
+/// A new connection to `address` that answers a read, or the error of the connect or the read.
+async fn try_read(address: &str) -> cairn_client::Result<Client> {
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(5),
+    };
+    let client = Client::connect(address, &options).await?;
+    client.get(vec![b("k")]).await?;
+    Ok(client)
+}
+
+/// [`try_read`] until it works: the server counts a closed connection once it notices.
+async fn read_within(address: &str) -> Client {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match try_read(address).await {
+            Ok(client) => return client,
+            Err(err) => assert!(
+                std::time::Instant::now() < deadline,
+                "no place was freed: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

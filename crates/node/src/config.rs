@@ -27,6 +27,10 @@ pub struct Config {
     pub base_dir: PathBuf,
     /// Address of the gRPC port (the key-value and admin services).
     pub bind_address: SocketAddr,
+    /// gRPC connections open at once, at most; one more is closed as soon as it is accepted.
+    /// Lowered at start, with `resp.max-clients`, to what the open-files limit leaves after the
+    /// node's own files.
+    pub max_connections: usize,
     /// Where other nodes and clients reach this node's gRPC port (`host:port`), in a cluster.
     /// Unset: `bind-address`, which must then not be a wildcard address.
     pub advertised_address: Option<String>,
@@ -50,8 +54,8 @@ pub struct RespConfig {
     #[serde(with = "address_or_none")]
     pub bind_address: Option<SocketAddr>,
     /// Clients connected at once, at most; one more is told `-ERR max number of clients reached`.
-    /// Lowered at start to what the open-files limit leaves after the node's own files, as Redis
-    /// lowers its `maxclients`.
+    /// Lowered at start, with `max-connections`, to what the open-files limit leaves after the
+    /// node's own files, as Redis lowers its `maxclients`.
     pub max_clients: usize,
 }
 
@@ -287,6 +291,7 @@ impl Default for Config {
             node_name: "n1".into(),
             base_dir: PathBuf::from("cairn-data"),
             bind_address: SocketAddr::from(([127, 0, 0, 1], 5122)),
+            max_connections: 10_000,
             advertised_address: None,
             cluster: ClusterConfig::default(),
             num_partitions: 16,
@@ -509,6 +514,13 @@ impl Config {
                     self.nats.replicas
                 )));
             }
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError(
+                "max-connections is 0: the gRPC port must take at least 1 connection (the default \
+                 is 10000)"
+                    .into(),
+            ));
         }
         if self.resp.max_clients == 0 {
             return Err(ConfigError(
@@ -787,6 +799,23 @@ mod tests {
             let refused = load(None).unwrap_err().to_string();
             assert!(refused.contains("metrics.bind-address"), "{refused}");
             assert!(refused.contains("\"none\" for no such port"), "{refused}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn client_bounds_of_zero_are_refused() {
+        Jail::expect_with(|jail| {
+            jail.set_env("CAIRN_MAX_CONNECTIONS", "0");
+            let refused = load(None).unwrap_err().to_string();
+            assert!(refused.contains("max-connections is 0"), "{refused}");
+            jail.set_env("CAIRN_MAX_CONNECTIONS", "5");
+            jail.set_env("CAIRN_RESP__MAX_CLIENTS", "0");
+            let refused = load(None).unwrap_err().to_string();
+            assert!(refused.contains("resp.max-clients is 0"), "{refused}");
+            jail.set_env("CAIRN_RESP__MAX_CLIENTS", "7");
+            let config = load(None).unwrap();
+            assert_eq!((config.max_connections, config.resp.max_clients), (5, 7));
             Ok(())
         });
     }

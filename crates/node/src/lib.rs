@@ -7,6 +7,7 @@
 mod background;
 mod cluster;
 pub mod config;
+mod connections;
 mod forward;
 mod metrics;
 mod node;

@@ -411,7 +411,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         shutdown: cancel.clone(),
     });
     load_archived_lsns(&state).await;
-    let server = serve_grpc(state.clone(), listener, cancel.clone());
+    let (max_connections, max_clients) = crate::open_files::client_bounds(
+        state.config.max_connections,
+        resp_listener
+            .as_ref()
+            .map(|_| state.config.resp.max_clients),
+    );
+    let server = serve_grpc(state.clone(), listener, max_connections, cancel.clone());
     info!(
         cluster = %cluster.cluster_name,
         node = %node,
@@ -422,10 +428,11 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let resp_addr = resp_listener.as_ref().and_then(|l| l.local_addr().ok());
     let mut background = spawn_background(&state, metrics_listener, &cancel, registered.is_none());
-    if let Some(listener) = resp_listener {
+    if let (Some(listener), Some(max_clients)) = (resp_listener, max_clients) {
         background.push(tokio::spawn(crate::resp::serve(
             listener,
             state.clone(),
+            max_clients,
             cancel.clone(),
         )));
     }
@@ -721,10 +728,12 @@ fn clear_scratch_folders(base_dir: &std::path::Path) -> anyhow::Result<PathBuf> 
     Ok(tmp_dir)
 }
 
-/// Serves the key-value and admin services on `listener` until `cancel`.
+/// Serves the key-value and admin services on `listener` until `cancel`, with at most
+/// `max_connections` connections open at once.
 fn serve_grpc(
     state: Arc<NodeState>,
     listener: tokio::net::TcpListener,
+    max_connections: usize,
     cancel: CancellationToken,
 ) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let server = tonic::transport::Server::builder()
@@ -739,18 +748,7 @@ fn serve_grpc(
                 .max_encoding_message_size(MESSAGE_BYTES_MAX),
         )
         .serve_with_incoming_shutdown(
-            tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                |accepted| {
-                    // Answers go out as soon as they are written: with Nagle's algorithm on, a
-                    // small answer that follows a large one waits for the client's delayed ACK
-                    // (about 40 ms per request on Linux).
-                    if let Ok(stream) = &accepted {
-                        let _ = stream.set_nodelay(true);
-                    }
-                    accepted
-                },
-            ),
+            crate::connections::bounded(listener, max_connections),
             cancel.cancelled_owned(),
         );
     tokio::spawn(server)

@@ -4,8 +4,8 @@
 
 use tracing::{info, warn};
 
-/// Descriptors left to the node's own files when the Redis port's clients are counted (half of
-/// the limit, if that is less).
+/// Descriptors left to the node's own files when the ports' clients are counted (half of the
+/// limit, if that is less).
 const RESERVED_FOR_FILES: u64 = 1024;
 
 /// Raises the soft limit on open files to the hard one, as Redis and most servers do: a shell's
@@ -49,29 +49,57 @@ fn limits() -> Option<(u64, u64)> {
     Some((limit.rlim_cur, limit.rlim_max))
 }
 
-/// How many Redis clients may be connected at once: `configured`, or fewer if the open-files
-/// limit would not leave the node room for its own files with that many.
-pub(crate) fn max_clients(configured: usize) -> usize {
+/// How many clients each port may have connected at once: the configured bounds (`max-connections`
+/// for gRPC, `resp.max-clients` for the Redis port, `None` for a port that is off), or less if
+/// together they would not leave the node room for its own files. The room is then shared in the
+/// proportion of the configured bounds.
+pub(crate) fn client_bounds(grpc: usize, resp: Option<usize>) -> (usize, Option<usize>) {
     let Some((soft, _)) = limits() else {
-        return configured;
+        return (grpc, resp);
     };
-    let allowed = clients_within(soft, configured);
-    if allowed < configured {
+    let (allowed_grpc, allowed_resp) = bounds_within(soft, grpc, resp);
+    if allowed_grpc < grpc || allowed_resp < resp {
+        let wanted = grpc as u64 + resp.unwrap_or(0) as u64;
         warn!(
-            "the Redis port takes at most {allowed} clients, not resp.max-clients = {configured}: \
+            "the node takes at most {allowed_grpc} gRPC connections (max-connections = {grpc}){}: \
              the open-files limit is {soft} and the node keeps {} of it for its own files; raise \
              the limit (`ulimit -n`, or LimitNOFILE= in a systemd unit) to at least {}",
-            soft - allowed as u64,
-            configured as u64 + RESERVED_FOR_FILES
+            match (allowed_resp, resp) {
+                (Some(allowed), Some(configured)) =>
+                    format!(" and {allowed} Redis clients (resp.max-clients = {configured})"),
+                _ => String::new(),
+            },
+            reserved(soft),
+            wanted + RESERVED_FOR_FILES
         );
     }
-    allowed
+    (allowed_grpc, allowed_resp)
 }
 
-/// Clients that fit in a limit of `soft` open files, at most `configured` and at least one.
-fn clients_within(soft: u64, configured: usize) -> usize {
-    let room = soft.saturating_sub(RESERVED_FOR_FILES.min(soft / 2)).max(1);
-    configured.min(usize::try_from(room).unwrap_or(usize::MAX))
+/// Descriptors kept for the node's own files in a limit of `soft`.
+fn reserved(soft: u64) -> u64 {
+    RESERVED_FOR_FILES.min(soft / 2)
+}
+
+/// The bounds of [`client_bounds`] in a limit of `soft` open files: at most what is configured,
+/// and at least one per port that is on.
+fn bounds_within(soft: u64, grpc: usize, resp: Option<usize>) -> (usize, Option<usize>) {
+    let room = soft.saturating_sub(reserved(soft)).max(2);
+    let wanted = grpc as u64 + resp.unwrap_or(0) as u64;
+    if wanted <= room {
+        return (grpc, resp);
+    }
+    let grpc_share = (u128::from(room) * grpc as u128 / u128::from(wanted)) as u64;
+    let grpc_share = grpc_share.clamp(1, room - u64::from(resp.is_some()));
+    let resp_share = resp.map(|_| {
+        usize::try_from(room - grpc_share)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    });
+    (
+        usize::try_from(grpc_share).unwrap_or(usize::MAX),
+        resp_share,
+    )
 }
 
 #[cfg(test)]
@@ -80,11 +108,27 @@ mod tests {
 
     #[test]
     fn clients_leave_room_for_the_nodes_files() {
-        assert_eq!(clients_within(1_048_576, 10_000), 10_000);
-        assert_eq!(clients_within(10_000, 10_000), 10_000 - 1024);
-        assert_eq!(clients_within(1024, 10_000), 512);
-        assert_eq!(clients_within(1, 10_000), 1);
-        assert_eq!(clients_within(20_000, 5), 5);
-        assert_eq!(clients_within(libc::RLIM_INFINITY, 10_000), 10_000);
+        let defaults = (10_000, Some(10_000));
+        assert_eq!(bounds_within(1_048_576, 10_000, Some(10_000)), defaults);
+        assert_eq!(
+            bounds_within(libc::RLIM_INFINITY, 10_000, Some(10_000)),
+            defaults
+        );
+        // Shared in the proportion configured, and adding up to what the node's files leave.
+        assert_eq!(
+            bounds_within(20_000, 10_000, Some(10_000)),
+            (9_488, Some(9_488))
+        );
+        assert_eq!(
+            bounds_within(20_000, 30_000, Some(10_000)),
+            (14_232, Some(4_744))
+        );
+        assert_eq!(bounds_within(1024, 10_000, Some(10_000)), (256, Some(256)));
+        // A port that is off leaves the whole room to the other.
+        assert_eq!(bounds_within(10_000, 10_000, None), (10_000 - 1024, None));
+        assert_eq!(bounds_within(20_000, 5, Some(7)), (5, Some(7)));
+        // Never less than one each.
+        assert_eq!(bounds_within(1, 10_000, Some(10_000)), (1, Some(1)));
+        assert_eq!(bounds_within(3, 1, Some(10_000)), (1, Some(1)));
     }
 }

@@ -90,7 +90,12 @@ struct Server {
 const CLIENTS_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves Redis clients on `listener` until `cancel`.
-pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: CancellationToken) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<NodeState>,
+    max_clients: usize,
+    cancel: CancellationToken,
+) {
     let server = Arc::new(Server {
         kv: KeyValueService::new(state.clone()),
         state,
@@ -99,7 +104,6 @@ pub(crate) async fn serve(listener: TcpListener, state: Arc<NodeState>, cancel: 
         next_client_id: AtomicU64::new(1),
         connected: AtomicUsize::new(0),
     });
-    let max_clients = crate::open_files::max_clients(server.state.config.resp.max_clients);
     let mut refused_since_warning = 0u64;
     let mut warned_at: Option<Instant> = None;
     loop {
