@@ -615,6 +615,19 @@ async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
     server.stop();
 }
 
+/// Flips a bit in the middle of the largest table file of the store in `base` (the server
+/// stopped): partition 0's, when its keys are the only data. Returns the file's name.
+fn damage_the_largest_table(base: &Path) -> String {
+    let table = std::fs::read_dir(base.join("db"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "sst"))
+        .max_by_key(|path| std::fs::metadata(path).unwrap().len())
+        .expect("a table file");
+    flip_middle_byte(&table);
+    table.file_name().unwrap().to_str().unwrap().to_string()
+}
+
 /// A bit flipped in a table file of the store, where nothing has read it yet: a snapshot would
 /// carry it into the repository under checksums computed over the damage, and a trim could then
 /// drop the only good copy from the log. The snapshot is refused instead, naming the file, and
@@ -635,15 +648,7 @@ async fn a_snapshot_of_a_damaged_table_file_is_refused() {
     )));
     put_keys(&server.address, &later, 100).await;
     server.stop();
-    // Partition 0's keys are the only data: its tables are the largest files of the store.
-    let table = std::fs::read_dir(base.path().join("db"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "sst"))
-        .max_by_key(|path| std::fs::metadata(path).unwrap().len())
-        .expect("a table file");
-    flip_middle_byte(&table);
-    let name = table.file_name().unwrap().to_str().unwrap().to_string();
+    let name = damage_the_largest_table(base.path());
 
     let server = Server::start(base.path());
     let a = server.address.clone();
@@ -667,5 +672,35 @@ async fn a_snapshot_of_a_damaged_table_file_is_refused() {
     assert_keys_there(&a, &later).await;
     let next = created_id(&ok(cairnctl(&a, &["snapshots", "create", "-p", "0"])));
     assert_ne!(next, sound);
+    server.stop();
+}
+
+/// With no snapshot to restore, the refusal names the rebuild from the log, and that works.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_damaged_table_file_with_no_snapshot_names_the_rebuild_from_the_log() {
+    let base = tempfile::tempdir().unwrap();
+    let keys = keys_of_partition("only", 0, 1000);
+    let server = Server::start(base.path());
+    put_keys(&server.address, &keys, 100).await;
+    server.stop();
+    damage_the_largest_table(base.path());
+
+    let server = Server::start(base.path());
+    let refused = fails(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    ));
+    assert!(refused.contains("no snapshot was taken"), "{refused}");
+    assert!(refused.contains("cairn drop-partition -p 0"), "{refused}");
+    assert!(!refused.contains("partitions restore"), "{refused}");
+    server.stop();
+
+    ok(run_drop_partition(base.path(), 0, &[]));
+    let server = Server::start(base.path());
+    assert_keys_there(&server.address, &keys).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    ));
     server.stop();
 }

@@ -80,11 +80,18 @@ impl ColumnFamilyExport {
             // The import reads the file's footer, index and properties.
             db.create_column_family_with_import(&cf_options, &cf, &import, &metadata)
                 .map_err(|source| {
+                    let name = file.name.trim_start_matches('/');
+                    // RocksDB may name the linked file, with or without a doubled slash.
+                    let linked = [
+                        format!("{directory}//{name}"),
+                        format!("{directory}/{name}"),
+                    ];
                     damaged_or(
                         partition,
-                        &file.name,
+                        name,
                         "import a table file to check",
                         source,
+                        &linked,
                     )
                 })?;
         }
@@ -108,37 +115,45 @@ impl ColumnFamilyExport {
                 })
             });
             match found {
-                Some((path, Some(exported))) => {
-                    let name = exported.name.trim_start_matches('/');
-                    let mut damaged = damaged_or(partition, name, "check the table files", source);
-                    if let Error::DamagedTable { detail, .. } = &mut damaged {
-                        *detail = message.replace(&path, name);
-                    }
-                    damaged
-                }
+                Some((path, Some(exported))) => damaged_or(
+                    partition,
+                    exported.name.trim_start_matches('/'),
+                    "check the table files",
+                    source,
+                    &[path],
+                ),
                 _ => damaged_or(
                     partition,
                     "(one of its table files)",
                     "check the table files",
                     source,
+                    &[],
                 ),
             }
         })
     }
 }
 
-/// [`Error::DamagedTable`] when RocksDB found `file` corrupt, else the error as it is.
+/// [`Error::DamagedTable`] when RocksDB found `file` corrupt, else the error as it is. RocksDB's
+/// account names the file by a path of the scratch database (one of `scratch`): it is named as
+/// the store names it instead.
 fn damaged_or(
     partition: PartitionId,
     file: &str,
     context: &'static str,
     source: rust_rocksdb::Error,
+    scratch: &[String],
 ) -> Error {
     if source.kind() == ErrorKind::Corruption {
+        let detail = scratch
+            .iter()
+            .fold(source.as_ref().to_string(), |detail, path| {
+                detail.replace(path, file)
+            });
         Error::DamagedTable {
             partition,
-            file: file.trim_start_matches('/').to_string(),
-            detail: source.as_ref().to_string(),
+            file: file.to_string(),
+            detail,
             source,
         }
     } else {
@@ -227,5 +242,26 @@ mod tests {
             other => panic!("expected a damaged table, got {other:?}"),
         }
         assert!(!export.dir.join(CHECK_DIR).exists());
+    }
+
+    #[test]
+    fn damage_found_as_a_file_is_imported_names_it_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let export = export(dir.path());
+        let damaged = export.files[0].name.trim_start_matches('/').to_string();
+        let path = export.dir.join(&damaged);
+        // The footer's magic number, read as the file is opened.
+        let len = std::fs::metadata(&path).unwrap().len();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&[0xff, 0x00, 0xff], len - 3).unwrap();
+        drop(file);
+        match export.verify_tables(PartitionId(2)) {
+            Err(Error::DamagedTable { file, detail, .. }) => {
+                assert_eq!(file, damaged);
+                assert!(detail.contains(&damaged), "{detail}");
+                assert!(!detail.contains(CHECK_DIR), "{detail}");
+            }
+            other => panic!("expected a damaged table, got {other:?}"),
+        }
     }
 }

@@ -156,14 +156,14 @@ pub enum Error {
     /// its object checksums would vouch for it), and so no trim it would have allowed.
     #[error(
         "partition {partition}: no snapshot was taken, because its store is damaged ({source}). \
-         The snapshots taken before are sound and the log still holds what followed them: \
-         rebuild the partition from them with `cairnctl -y partitions restore -p {partition}`, \
-         and check the disk under the node's base dir"
+         {remedy}, and check the disk under the node's base dir"
     )]
     StoreDamaged {
         partition: PartitionId,
         #[source]
-        source: cairn_partition_store::Error,
+        source: Box<cairn_partition_store::Error>,
+        /// How to rebuild the partition: from its snapshots, or from its log alone.
+        remedy: String,
     },
     /// Waiting for the processor made no progress for `waited`.
     #[error(

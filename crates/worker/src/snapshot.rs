@@ -137,12 +137,41 @@ impl SnapshotProducer {
                 self.publish(partition, snapshot_id, &export, on_progress)
                     .await
             }
-            Err(err) => Err(err),
+            Err(Checked::Damaged(source)) => {
+                let err = Error::StoreDamaged {
+                    partition: id,
+                    source: Box::new(source),
+                    remedy: self.rebuild_remedy(id).await,
+                };
+                error!(partition = %id, "{err}");
+                Err(err)
+            }
+            Err(Checked::Failed(err)) => {
+                warn!(partition = %id, "no snapshot was taken: {err}");
+                Err(err)
+            }
         };
         if let Err(err) = tokio::fs::remove_dir_all(&export_dir).await {
             warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
         }
         result
+    }
+
+    /// How to rebuild partition `id` from what the repository and the log hold.
+    async fn rebuild_remedy(&self, id: PartitionId) -> String {
+        match self.repository.latest(id).await {
+            Ok(Some(_)) => format!(
+                "The snapshots taken before are sound and the log still holds what followed \
+                 them: rebuild the partition from them with `cairnctl -y partitions restore -p \
+                 {id}` (if the node's partitions have stopped on the damage meanwhile, restart \
+                 the node first)"
+            ),
+            _ => format!(
+                "This cluster has no snapshot of it, so the log holds all of it: stop the node, \
+                 run `cairn drop-partition -p {id}` with the node's base dir and start it again, \
+                 which rebuilds the store from the log"
+            ),
+        }
     }
 
     async fn publish(
@@ -291,32 +320,33 @@ impl SnapshotProducer {
     }
 }
 
+/// Why the export's table files did not pass [`verify_tables`].
+enum Checked {
+    /// A file is damaged.
+    Damaged(cairn_partition_store::Error),
+    /// The check itself could not run (a full disk, say).
+    Failed(Error),
+}
+
 /// Reads every block of the export's table files (see [`ColumnFamilyExport::verify_tables`]) on
 /// a blocking thread, before anything of it leaves the node.
-async fn verify_tables(id: PartitionId, export: &ColumnFamilyExport) -> Result<()> {
+async fn verify_tables(id: PartitionId, export: &ColumnFamilyExport) -> Result<(), Checked> {
     let export = export.clone();
     let started = std::time::Instant::now();
     let checked = tokio::task::spawn_blocking(move || export.verify_tables(id))
         .await
-        .map_err(|e| snapshot_error(id, "check the exported table files", e))?;
+        .map_err(|e| Checked::Failed(snapshot_error(id, "check the exported table files", e)))?;
     match checked {
         Ok(()) => {
             debug!(partition = %id, duration_ms = started.elapsed().as_millis() as u64, "exported table files checked");
             Ok(())
         }
-        Err(source) if source.is_damaged() => {
-            let err = Error::StoreDamaged {
-                partition: id,
-                source,
-            };
-            error!(partition = %id, "{err}");
-            Err(err)
-        }
-        Err(source) => Err(Error::Storage {
+        Err(source) if source.is_damaged() => Err(Checked::Damaged(source)),
+        Err(source) => Err(Checked::Failed(Error::Storage {
             partition: id,
-            context: "check the exported table files",
+            context: "check the exported table files (no snapshot was taken)",
             source: Box::new(source),
-        }),
+        })),
     }
 }
 
