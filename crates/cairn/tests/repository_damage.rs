@@ -704,3 +704,36 @@ async fn a_damaged_table_file_with_no_snapshot_names_the_rebuild_from_the_log() 
     ));
     server.stop();
 }
+
+/// A compaction that meets the damaged block stops the whole store (RocksDB's background error).
+/// A restore then refuses at once, saying to restart first, instead of dropping the partition's
+/// store and failing to import every sound snapshot; after the restart it rebuilds the partition.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_into_a_stopped_store_is_refused_until_a_restart() {
+    let base = tempfile::tempdir().unwrap();
+    let keys = keys_of_partition("kept", 0, 1000);
+    let server = Server::start(base.path());
+    put_keys(&server.address, &keys, 100).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    ));
+    put_keys(&server.address, &keys_of_partition("more", 0, 100), 100).await;
+    server.stop();
+    damage_the_largest_table(base.path());
+
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    fails(cairnctl(&a, &["partitions", "compact", "-p", "0"]));
+    let refused = fails(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert!(refused.contains("refuses every write"), "{refused}");
+    assert!(refused.contains("Restart the node"), "{refused}");
+    server.stop();
+
+    let server = Server::start(base.path());
+    let a = server.address.clone();
+    ok(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert_keys_there(&a, &keys).await;
+    assert_keys_there(&a, &keys_of_partition("more", 0, 100)).await;
+    server.stop();
+}

@@ -706,6 +706,24 @@ impl Partitions {
         })?;
         let _no_compaction = slot.compacting.lock().await;
         let _one_at_a_time = slot.restoring.lock().await;
+        // A store that RocksDB stopped would take the column family's drop and refuse the import:
+        // the restore would only take down a partition that still serves reads.
+        let stores = self.stores.clone();
+        if let Err(err) = blocking(id, "check the store takes writes", move || {
+            stores.check_writable()
+        })
+        .await?
+        {
+            return Err(Error::Restore {
+                partition: id,
+                failure: RestoreFailure::Unable(format!(
+                    "the partition store refuses every write ({err}): RocksDB stopped the whole \
+                     store on that error, so a restore could not import its snapshot. Nothing \
+                     was changed. Restart the node (each partition replays its log over what \
+                     the store lost), then restore the partition"
+                )),
+            });
+        }
         let previous = slot.state();
         slot.set(SlotState::Restoring);
         if let SlotState::Running(partition) = &previous {

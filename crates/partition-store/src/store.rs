@@ -260,6 +260,22 @@ impl PartitionStoreManager {
             })
     }
 
+    /// Whether the store takes writes: RocksDB refuses every write of every partition once a
+    /// background error (a damaged table met by a compaction, a failed flush) stopped it. Writes
+    /// a deletion of a key no partition holds, in the default column family.
+    pub fn check_writable(&self) -> Result<()> {
+        let mut options = WriteOptions::default();
+        options.disable_wal(true);
+        let mut batch = WriteBatch::default();
+        batch.delete(b"writable");
+        self.db
+            .write_opt(&batch, &options)
+            .map_err(|source| Error::RocksDb {
+                context: "write",
+                source,
+            })
+    }
+
     /// Partitions that have a column family here, in id order.
     pub fn partitions(&self) -> Vec<PartitionId> {
         let mut ids: Vec<PartitionId> = DB::list_cf(&Options::default(), &self.path)
