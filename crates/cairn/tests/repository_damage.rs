@@ -576,15 +576,7 @@ async fn a_base_dir_put_back_from_an_older_copy_does_not_trust_newer_snapshots()
 async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
     let base = tempfile::tempdir().unwrap();
     let keys = keys_of_partition("kept", 0, 1000);
-    let server = Server::start(base.path());
-    put_keys(&server.address, &keys, 100).await;
-    ok(cairnctl(
-        &server.address,
-        &["snapshots", "create", "-p", "0"],
-    ));
-    put_keys(&server.address, &keys_of_partition("later", 0, 100), 100).await;
-    // Stopping flushes the memtables: the store is in table files.
-    server.stop();
+    snapshot_between(base.path(), &keys, &keys_of_partition("later", 0, 100)).await;
     let db = base.path().join("db");
     let table = std::fs::read_dir(&db)
         .unwrap()
@@ -615,6 +607,20 @@ async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
     server.stop();
 }
 
+/// Starts a node on `base`, writes `first`, snapshots partition 0, writes `later` and stops the
+/// node, which flushes its memtables: the store is all in table files. Returns the snapshot's id.
+async fn snapshot_between(base: &Path, first: &[String], later: &[String]) -> String {
+    let server = Server::start(base);
+    put_keys(&server.address, first, 100).await;
+    let id = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "0"],
+    )));
+    put_keys(&server.address, later, 100).await;
+    server.stop();
+    id
+}
+
 /// Flips a bit in the middle of the largest table file of the store in `base` (the server
 /// stopped): partition 0's, when its keys are the only data. Returns the file's name.
 fn damage_the_largest_table(base: &Path) -> String {
@@ -640,14 +646,7 @@ async fn a_snapshot_of_a_damaged_table_file_is_refused() {
         keys_of_partition("first", 0, 1000),
         keys_of_partition("later", 0, 200),
     );
-    let server = Server::start(base.path());
-    put_keys(&server.address, &first, 100).await;
-    let sound = created_id(&ok(cairnctl(
-        &server.address,
-        &["snapshots", "create", "-p", "0"],
-    )));
-    put_keys(&server.address, &later, 100).await;
-    server.stop();
+    let sound = snapshot_between(base.path(), &first, &later).await;
     let name = damage_the_largest_table(base.path());
 
     let server = Server::start(base.path());
@@ -712,14 +711,7 @@ async fn a_damaged_table_file_with_no_snapshot_names_the_rebuild_from_the_log() 
 async fn a_restore_into_a_stopped_store_is_refused_until_a_restart() {
     let base = tempfile::tempdir().unwrap();
     let keys = keys_of_partition("kept", 0, 1000);
-    let server = Server::start(base.path());
-    put_keys(&server.address, &keys, 100).await;
-    ok(cairnctl(
-        &server.address,
-        &["snapshots", "create", "-p", "0"],
-    ));
-    put_keys(&server.address, &keys_of_partition("more", 0, 100), 100).await;
-    server.stop();
+    snapshot_between(base.path(), &keys, &keys_of_partition("more", 0, 100)).await;
     damage_the_largest_table(base.path());
 
     let server = Server::start(base.path());

@@ -1,12 +1,13 @@
-//! The gRPC port's connections, bounded. Every open connection holds a file descriptor, and the
-//! node's own files (tables, log segments, snapshot transfers) come out of the same limit: past
-//! it, a memtable flush that cannot create its table file stops its partition. So the port takes
-//! at most `max-connections` at once, as the Redis port takes at most `resp.max-clients`, and
-//! closes one more as soon as it is accepted. The node's log says so, at most every
-//! [`REFUSED_WARNING_INTERVAL`].
+//! The clients' connections, bounded per port. Every open connection holds a file descriptor, and
+//! the node's own files (tables, log segments, snapshot transfers) come out of the same limit:
+//! past it, a memtable flush that cannot create its table file stops its partition. So the gRPC
+//! port takes at most `max-connections` at once and the Redis port at most `resp.max-clients`
+//! ([`Admission`]), and one more is closed as soon as it is accepted. The node's log says so, at
+//! most every [`REFUSED_WARNING_INTERVAL`].
 
 use futures::Stream;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,27 +24,13 @@ const REFUSED_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 /// How long to wait after a failed accept (out of descriptors, usually) before the next one.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// The connections accepted on `listener`, at most `max` open at once: one more is closed.
-pub(crate) fn bounded(
-    listener: TcpListener,
-    max: usize,
-) -> impl Stream<Item = io::Result<Counted>> + Send + 'static {
-    let accepting = Accepting {
-        listener,
-        open: Arc::new(AtomicUsize::new(0)),
-        max,
-        refused: 0,
-        warned_at: None,
-    };
-    futures::stream::unfold(accepting, |mut accepting| async move {
-        let connection = accepting.next().await;
-        Some((Ok(connection), accepting))
-    })
-}
-
-struct Accepting {
-    listener: TcpListener,
-    /// Connections accepted and not yet dropped.
+/// One port's open connections against its bound.
+pub(crate) struct Admission {
+    /// The port, as the log names it (`gRPC port`).
+    port: &'static str,
+    /// The setting that bounds it (`max-connections`).
+    setting: &'static str,
+    /// Connections admitted and not yet dropped.
     open: Arc<AtomicUsize>,
     max: usize,
     /// Refused since the last warning.
@@ -51,28 +38,50 @@ struct Accepting {
     warned_at: Option<Instant>,
 }
 
-impl Accepting {
-    async fn next(&mut self) -> Counted {
+impl Admission {
+    pub fn new(port: &'static str, setting: &'static str, max: usize) -> Admission {
+        Admission {
+            port,
+            setting,
+            open: Arc::new(AtomicUsize::new(0)),
+            max,
+            refused: 0,
+            warned_at: None,
+        }
+    }
+
+    /// Connections open now, as long as the port serves.
+    pub fn open_count(&self) -> Arc<AtomicUsize> {
+        self.open.clone()
+    }
+
+    /// The next connection accepted on `listener` that has a place. One beyond the bound is given
+    /// to `refuse` (to say why, without waiting) and closed. Failed accepts are waited out.
+    pub async fn next(
+        &mut self,
+        listener: &TcpListener,
+        refuse: impl Fn(&TcpStream),
+    ) -> (TcpStream, SocketAddr, Open) {
         loop {
-            let stream = match self.listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(err) => {
-                    warn!("gRPC port: accept: {err}");
+                    warn!("{}: accept: {err}", self.port);
                     tokio::time::sleep(ACCEPT_RETRY).await;
                     continue;
                 }
             };
             if self.open.load(Ordering::Relaxed) >= self.max {
-                drop(stream);
+                refuse(&stream);
                 self.refused += 1;
                 if self
                     .warned_at
                     .is_none_or(|at| at.elapsed() >= REFUSED_WARNING_INTERVAL)
                 {
                     warn!(
-                        "gRPC port: closed {} connection(s) at once: {} are open, the most \
-                         max-connections and the open-files limit allow",
-                        self.refused, self.max
+                        "{}: refused {} connection(s): {} are open, the most {} and the \
+                         open-files limit allow",
+                        self.port, self.refused, self.max, self.setting
                     );
                     self.warned_at = Some(Instant::now());
                     self.refused = 0;
@@ -84,24 +93,45 @@ impl Accepting {
             // request on Linux).
             let _ = stream.set_nodelay(true);
             self.open.fetch_add(1, Ordering::Relaxed);
-            return Counted {
-                stream,
-                open: self.open.clone(),
-            };
+            return (stream, peer, Open(self.open.clone()));
         }
     }
 }
 
-/// An accepted connection, counted as open until it is dropped.
-pub(crate) struct Counted {
-    stream: TcpStream,
-    open: Arc<AtomicUsize>,
+/// A connection's place among its port's open ones, given back when dropped.
+pub(crate) struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
-    }
+/// The gRPC connections accepted on `listener`, at most `max` open at once.
+pub(crate) fn bounded(
+    listener: TcpListener,
+    max: usize,
+) -> impl Stream<Item = io::Result<Counted>> + Send + 'static {
+    let admission = Admission::new("gRPC port", "max-connections", max);
+    futures::stream::unfold(
+        (listener, admission),
+        |(listener, mut admission)| async move {
+            let (stream, _, open) = admission.next(&listener, |_| {}).await;
+            Some((
+                Ok(Counted {
+                    stream,
+                    _open: open,
+                }),
+                (listener, admission),
+            ))
+        },
+    )
+}
+
+/// An accepted gRPC connection, counted as open until it is dropped.
+pub(crate) struct Counted {
+    stream: TcpStream,
+    _open: Open,
 }
 
 impl Connected for Counted {

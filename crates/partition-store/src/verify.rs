@@ -109,13 +109,12 @@ impl ColumnFamilyExport {
                         scratch.directory,
                         scratch.name.trim_start_matches('/')
                     );
-                    message
-                        .contains(&path)
-                        .then(|| (path, self.files.get(index)))
+                    let exported = self.files.get(index)?;
+                    message.contains(&path).then_some((path, exported))
                 })
             });
             match found {
-                Some((path, Some(exported))) => damaged_or(
+                Some((path, exported)) => damaged_or(
                     partition,
                     exported.name.trim_start_matches('/'),
                     "check the table files",

@@ -132,12 +132,33 @@ impl SnapshotProducer {
             .map_err(|e| snapshot_error(id, "create export folder", e))?;
         let export_dir = partition_dir.join(snapshot_id.to_string());
         let export = partition.export(export_dir.clone()).await?;
-        let result = match verify_tables(id, &export).await {
+        let result = async {
+            self.verify_tables(id, &export).await?;
+            self.publish(partition, snapshot_id, &export, on_progress)
+                .await
+        }
+        .await;
+        if let Err(err) = tokio::fs::remove_dir_all(&export_dir).await {
+            warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
+        }
+        result
+    }
+
+    /// Reads every block of the export's table files (see
+    /// [`ColumnFamilyExport::verify_tables`]) on a blocking thread, before anything of it leaves
+    /// the node.
+    async fn verify_tables(&self, id: PartitionId, export: &ColumnFamilyExport) -> Result<()> {
+        let (checking, started) = (export.clone(), std::time::Instant::now());
+        let checked = crate::blocking(id, "check the exported table files", move || {
+            checking.verify_tables(id)
+        })
+        .await?;
+        match checked {
             Ok(()) => {
-                self.publish(partition, snapshot_id, &export, on_progress)
-                    .await
+                debug!(partition = %id, duration_ms = started.elapsed().as_millis() as u64, "exported table files checked");
+                Ok(())
             }
-            Err(Checked::Damaged(source)) => {
+            Err(source) if source.is_damaged() => {
                 let err = Error::StoreDamaged {
                     partition: id,
                     source: Box::new(source),
@@ -146,15 +167,17 @@ impl SnapshotProducer {
                 error!(partition = %id, "{err}");
                 Err(err)
             }
-            Err(Checked::Failed(err)) => {
-                warn!(partition = %id, "no snapshot was taken: {err}");
+            // The check itself could not run (a full disk, say).
+            Err(source) => {
+                let err = Error::Storage {
+                    partition: id,
+                    context: "check the exported table files (no snapshot was taken)",
+                    source: Box::new(source),
+                };
+                warn!(partition = %id, "{err}");
                 Err(err)
             }
-        };
-        if let Err(err) = tokio::fs::remove_dir_all(&export_dir).await {
-            warn!(partition = %id, path = %export_dir.display(), "remove export folder: {err}");
         }
-        result
     }
 
     /// How to rebuild partition `id` from what the repository and the log hold.
@@ -317,36 +340,6 @@ impl SnapshotProducer {
             uploaded_files: 0,
             uploaded_bytes: 0,
         }))
-    }
-}
-
-/// Why the export's table files did not pass [`verify_tables`].
-enum Checked {
-    /// A file is damaged.
-    Damaged(cairn_partition_store::Error),
-    /// The check itself could not run (a full disk, say).
-    Failed(Error),
-}
-
-/// Reads every block of the export's table files (see [`ColumnFamilyExport::verify_tables`]) on
-/// a blocking thread, before anything of it leaves the node.
-async fn verify_tables(id: PartitionId, export: &ColumnFamilyExport) -> Result<(), Checked> {
-    let export = export.clone();
-    let started = std::time::Instant::now();
-    let checked = tokio::task::spawn_blocking(move || export.verify_tables(id))
-        .await
-        .map_err(|e| Checked::Failed(snapshot_error(id, "check the exported table files", e)))?;
-    match checked {
-        Ok(()) => {
-            debug!(partition = %id, duration_ms = started.elapsed().as_millis() as u64, "exported table files checked");
-            Ok(())
-        }
-        Err(source) if source.is_damaged() => Err(Checked::Damaged(source)),
-        Err(source) => Err(Checked::Failed(Error::Storage {
-            partition: id,
-            context: "check the exported table files (no snapshot was taken)",
-            source: Box::new(source),
-        })),
     }
 }
 

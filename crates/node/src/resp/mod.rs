@@ -83,11 +83,9 @@ struct Server {
     port: u16,
     started: Instant,
     next_client_id: AtomicU64,
-    connected: AtomicUsize,
+    /// Clients connected now (the admission's count).
+    connected: Arc<AtomicUsize>,
 }
-
-/// How often refused clients are reported in the log, at most.
-const CLIENTS_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves Redis clients on `listener` until `cancel`.
 pub(crate) async fn serve(
@@ -96,46 +94,25 @@ pub(crate) async fn serve(
     max_clients: usize,
     cancel: CancellationToken,
 ) {
+    let mut admission =
+        crate::connections::Admission::new("RESP port", "resp.max-clients", max_clients);
     let server = Arc::new(Server {
         kv: KeyValueService::new(state.clone()),
         state,
         port: listener.local_addr().map(|a| a.port()).unwrap_or_default(),
         started: Instant::now(),
         next_client_id: AtomicU64::new(1),
-        connected: AtomicUsize::new(0),
+        connected: admission.open_count(),
     });
-    let mut refused_since_warning = 0u64;
-    let mut warned_at: Option<Instant> = None;
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors, usually: wait for connections to close.
-                    warn!("RESP port: accept: {err}");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let (stream, peer, open) = tokio::select! {
+            // As Redis does, a client beyond the bound is told why, without waiting for it to
+            // read it.
+            admitted = admission.next(&listener, |stream| {
+                let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
+            }) => admitted,
             () = cancel.cancelled() => return,
         };
-        let _ = stream.set_nodelay(true);
-        if server.connected.load(Ordering::Relaxed) >= max_clients {
-            // As Redis does: say why and close, without waiting for the client to read it. The
-            // descriptors clients may take are bounded, so that the store's files always have some.
-            let _ = stream.try_write(b"-ERR max number of clients reached\r\n");
-            refused_since_warning += 1;
-            if warned_at.is_none_or(|at| at.elapsed() >= CLIENTS_WARNING_INTERVAL) {
-                warn!(
-                    "RESP port: refused {refused_since_warning} client(s): {max_clients} are \
-                     connected, the most resp.max-clients and the open-files limit allow"
-                );
-                warned_at = Some(Instant::now());
-                refused_since_warning = 0;
-            }
-            continue;
-        }
-        server.connected.fetch_add(1, Ordering::Relaxed);
         let server = server.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
@@ -151,7 +128,7 @@ pub(crate) async fn serve(
                 () = connection.run(stream) => {}
                 () = cancel.cancelled() => {}
             }
-            server.connected.fetch_sub(1, Ordering::Relaxed);
+            drop(open);
             server.state.metrics.resp_connections(-1);
             debug!(%peer, id, "RESP connection closed");
         });
