@@ -12,9 +12,10 @@ use cairn_api::MESSAGE_BYTES_MAX;
 use cairn_api::v1::admin_client::AdminClient;
 use cairn_api::v1::key_value_client::KeyValueClient;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use transport::Connection;
 
 mod routing;
+mod transport;
 
 pub use cairn_api::v1;
 pub use routing::{ATTEMPTS, RoutingClient};
@@ -79,10 +80,8 @@ pub struct PutEntry {
 #[derive(Clone)]
 pub struct Client {
     address: String,
-    /// How long a call may take to start answering; named when it runs out.
-    request_timeout: Duration,
-    kv: KeyValueClient<Channel>,
-    admin: AdminClient<Channel>,
+    kv: KeyValueClient<Connection>,
+    admin: AdminClient<Connection>,
     /// Whether its key-value calls say that they come from a client that routes by itself
     /// ([`cairn_api::ROUTED_HEADER`]): the node then refuses what it does not lead instead of
     /// forwarding it.
@@ -93,18 +92,29 @@ impl Client {
     /// Connects to `address` (`http://host:port`, or `host:port`).
     pub async fn connect(address: &str, options: &ClientOptions) -> Result<Client> {
         let address = normalize_address(address);
-        let endpoint = Endpoint::from_shared(address.clone())
-            .map_err(|e| Error::BadAddress {
-                address: address.clone(),
-                detail: e.to_string(),
-            })?
-            .connect_timeout(options.connect_timeout)
-            .timeout(options.request_timeout)
-            .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| Error::Connect {
+        let bad = |detail: String| Error::BadAddress {
             address: address.clone(),
-            detail: error_chain(&e),
-        })?;
+            detail,
+        };
+        let uri: http::Uri = address
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
+        if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
+            return Err(bad(
+                "only http:// is served (nodes do not speak TLS); give host:port".into(),
+            ));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("no host; give host:port".into()))?;
+        let channel =
+            Connection::connect(authority, options.connect_timeout, options.request_timeout)
+                .await
+                .map_err(|e| Error::Connect {
+                    address: address.clone(),
+                    detail: error_chain(&e),
+                })?;
         Ok(Client {
             kv: KeyValueClient::new(channel.clone())
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
@@ -113,7 +123,6 @@ impl Client {
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX),
             address,
-            request_timeout: options.request_timeout,
             routed: false,
         })
     }
@@ -144,22 +153,8 @@ impl Client {
     fn rpc(&self, status: tonic::Status) -> Error {
         Error::Rpc {
             address: self.address.clone(),
-            status: self.explain_timeout(status),
+            status,
         }
-    }
-
-    /// The channel's own timeout answers a bare "Timeout expired"; say which bound ran out and
-    /// what to do. Statuses from the node pass unchanged.
-    fn explain_timeout(&self, status: tonic::Status) -> tonic::Status {
-        if status.code() != Code::Cancelled || status.message() != "Timeout expired" {
-            return status;
-        }
-        tonic::Status::deadline_exceeded(format!(
-            "no answer within {} ms, the request timeout; the node may be waiting on its snapshot \
-             repository or its disk (see its log): allow longer with --request-timeout \
-             (ClientOptions::request_timeout)",
-            self.request_timeout.as_millis()
-        ))
     }
 
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
