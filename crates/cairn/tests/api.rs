@@ -471,16 +471,23 @@ async fn conditional_writes_answer_per_operation() {
 }
 
 /// Every connection holds a descriptor that the node's own files need too: the gRPC port takes
-/// at most `max-connections` at once and closes one more, and a freed place is taken again.
+/// at most `max-connections` at once, tells one more why (`RESOURCE_EXHAUSTED`, naming the
+/// setting) and closes it, and a freed place is taken again.
 #[tokio::test(flavor = "multi_thread")]
-async fn connections_beyond_max_connections_are_closed() {
+async fn connections_beyond_max_connections_are_told_and_closed() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(dir.path(), &[], &[("CAIRN_MAX_CONNECTIONS", "2")]);
     let a = &server.address;
     let first = read_within(a).await;
     let second = read_within(a).await;
-    let refused = try_read(a).await;
-    assert!(refused.is_err(), "a third connection was served");
+    let Err(refused) = try_read(a).await else {
+        panic!("a third connection was served");
+    };
+    assert_eq!(refused.code(), Some(Code::ResourceExhausted), "{refused}");
+    assert!(
+        refused.to_string().contains("max-connections"),
+        "the refusal does not name the setting: {refused}"
+    );
 
     drop(first);
     let third = read_within(a).await;

@@ -2,8 +2,10 @@
 //! the node's own files (tables, log segments, snapshot transfers) come out of the same limit:
 //! past it, a memtable flush that cannot create its table file stops its partition. So the gRPC
 //! port takes at most `max-connections` at once and the Redis port at most `resp.max-clients`
-//! ([`Admission`]), and one more is closed as soon as it is accepted. The node's log says so, at
-//! most every [`REFUSED_WARNING_INTERVAL`].
+//! ([`Admission`]), and one more is closed as soon as it is told why: the Redis port answers it
+//! `-ERR max number of clients reached`, as Redis does, and the gRPC port answers its calls
+//! `RESOURCE_EXHAUSTED`, naming the setting ([`refuse_grpc`]). The node's log says so too, at most
+//! every [`REFUSED_WARNING_INTERVAL`].
 
 use futures::Stream;
 use std::io;
@@ -15,6 +17,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::warn;
 
@@ -23,6 +26,14 @@ const REFUSED_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long to wait after a failed accept (out of descriptors, usually) before the next one.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Refused gRPC connections being told why at once, at most: each holds its descriptor for up to
+/// [`REFUSAL_TIME_MAX`]. Beyond that a refused connection is closed without a word, so that a
+/// flood of connections costs the node no more descriptors than the bound plus these.
+const REFUSALS_AT_ONCE_MAX: usize = 64;
+
+/// How long a refused gRPC connection is kept to answer its calls, at most.
+const REFUSAL_TIME_MAX: Duration = Duration::from_secs(2);
 
 /// One port's open connections against its bound.
 pub(crate) struct Admission {
@@ -56,11 +67,12 @@ impl Admission {
     }
 
     /// The next connection accepted on `listener` that has a place. One beyond the bound is given
-    /// to `refuse` (to say why, without waiting) and closed. Failed accepts are waited out.
+    /// to `refuse`, which says why without holding up the next accept, then closes it. Failed
+    /// accepts are waited out.
     pub async fn next(
         &mut self,
         listener: &TcpListener,
-        refuse: impl Fn(&TcpStream),
+        mut refuse: impl FnMut(TcpStream),
     ) -> (TcpStream, SocketAddr, Open) {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -72,7 +84,7 @@ impl Admission {
                 }
             };
             if self.open.load(Ordering::Relaxed) >= self.max {
-                refuse(&stream);
+                refuse(stream);
                 self.refused += 1;
                 if self
                     .warned_at
@@ -113,19 +125,67 @@ pub(crate) fn bounded(
     max: usize,
 ) -> impl Stream<Item = io::Result<Counted>> + Send + 'static {
     let admission = Admission::new("gRPC port", "max-connections", max);
-    futures::stream::unfold(
-        (listener, admission),
-        |(listener, mut admission)| async move {
-            let (stream, _, open) = admission.next(&listener, |_| {}).await;
-            Some((
-                Ok(Counted {
-                    stream,
-                    _open: open,
-                }),
-                (listener, admission),
-            ))
-        },
+    let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE_MAX));
+    futures::stream::unfold((listener, admission), move |(listener, mut admission)| {
+        let refusals = refusals.clone();
+        async move {
+            let next = admission.next(&listener, |stream| refuse(stream, max, &refusals));
+            let (stream, _, open) = next.await;
+            let counted = Counted {
+                stream,
+                _open: open,
+            };
+            Some((Ok(counted), (listener, admission)))
+        }
+    })
+}
+
+/// Tells a gRPC connection beyond the bound why on a task of its own ([`refuse_grpc`]), within
+/// [`REFUSAL_TIME_MAX`]. With [`REFUSALS_AT_ONCE_MAX`] being told already, drops it unanswered.
+fn refuse(stream: TcpStream, max: usize, refusals: &Arc<Semaphore>) {
+    let Ok(slot) = refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFUSAL_TIME_MAX, refuse_grpc(stream, max)).await;
+        drop(slot);
+    });
+}
+
+/// What a call on a refused gRPC connection is answered.
+fn refusal_message(max: usize) -> String {
+    format!(
+        "this node already serves {max} gRPC connections, the most its max-connections setting \
+         (lowered to fit the open-files limit) allows: close idle clients, or raise \
+         max-connections and the node's open-files limit (ulimit -n, LimitNOFILE=)"
     )
+}
+
+/// Answers every call the client sends on a refused connection `RESOURCE_EXHAUSTED` with
+/// [`refusal_message`] (a trailers-only response, as gRPC servers answer a call they refuse
+/// outright), until the client closes it; the caller bounds how long. The client thus sees why,
+/// not a connection reset. The node does not close first on purpose: closing with the client's
+/// next frames unread resets the connection, and the client's kernel may then drop the answer
+/// before the client reads it.
+async fn refuse_grpc(stream: TcpStream, max: usize) {
+    let _ = stream.set_nodelay(true);
+    let Ok(mut connection) = h2::server::handshake(stream).await else {
+        return;
+    };
+    let message = refusal_message(max);
+    while let Some(Ok((_, mut respond))) = connection.accept().await {
+        let response = http::Response::builder()
+            .status(http::StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(
+                "grpc-status",
+                (tonic::Code::ResourceExhausted as i32).to_string(),
+            )
+            .header("grpc-message", message.as_str())
+            .body(())
+            .expect("the refusal's headers are valid");
+        let _ = respond.send_response(response, true);
+    }
 }
 
 /// An accepted gRPC connection, counted as open until it is dropped.
