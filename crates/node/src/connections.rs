@@ -126,18 +126,18 @@ pub(crate) fn bounded(
 ) -> impl Stream<Item = io::Result<Counted>> + Send + 'static {
     let admission = Admission::new("gRPC port", "max-connections", max);
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE_MAX));
-    futures::stream::unfold((listener, admission), move |(listener, mut admission)| {
-        let refusals = refusals.clone();
-        async move {
+    futures::stream::unfold(
+        (listener, admission, refusals),
+        move |(listener, mut admission, refusals)| async move {
             let next = admission.next(&listener, |stream| refuse(stream, max, &refusals));
             let (stream, _, open) = next.await;
             let counted = Counted {
                 stream,
                 _open: open,
             };
-            Some((Ok(counted), (listener, admission)))
-        }
-    })
+            Some((Ok(counted), (listener, admission, refusals)))
+        },
+    )
 }
 
 /// Tells a gRPC connection beyond the bound why on a task of its own ([`refuse_grpc`]), within
@@ -172,18 +172,19 @@ async fn refuse_grpc(stream: TcpStream, max: usize) {
     let Ok(mut connection) = h2::server::handshake(stream).await else {
         return;
     };
-    let message = refusal_message(max);
+    // Every call gets the same answer: its headers are made once.
+    let status = http::HeaderValue::from(tonic::Code::ResourceExhausted as i32);
+    let message = http::HeaderValue::try_from(refusal_message(max))
+        .expect("the refusal message is printable ASCII");
     while let Some(Ok((_, mut respond))) = connection.accept().await {
-        let response = http::Response::builder()
-            .status(http::StatusCode::OK)
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .header(
-                "grpc-status",
-                (tonic::Code::ResourceExhausted as i32).to_string(),
-            )
-            .header("grpc-message", message.as_str())
-            .body(())
-            .expect("the refusal's headers are valid");
+        let mut response = http::Response::new(());
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert("grpc-status", status.clone());
+        headers.insert("grpc-message", message.clone());
         let _ = respond.send_response(response, true);
     }
 }
