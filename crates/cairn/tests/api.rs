@@ -496,6 +496,43 @@ async fn connections_beyond_max_connections_are_told_and_closed() {
     server.stop();
 }
 
+/// A client outlives its node: a call that meets the dead connection fails, and a later call on
+/// the same client dials the node again once it is back on its address.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_dials_again_once_its_node_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let address = server.address.clone();
+    let client = read_within(&address).await;
+    client
+        .put(vec![PutEntry {
+            key: b("k"),
+            value: b("before the kill"),
+            ttl: None,
+        }])
+        .await
+        .unwrap();
+    server.kill();
+    let down = client.get(vec![b("k")]).await;
+    assert!(down.is_err(), "a killed node answered: {down:?}");
+
+    let host_port = address.trim_start_matches("http://");
+    let server = Server::start_with(dir.path(), &["--bind-address", host_port], &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let values = loop {
+        match client.get(vec![b("k")]).await {
+            Ok(values) => break values,
+            Err(err) => assert!(
+                std::time::Instant::now() < deadline,
+                "the client never reached the node again: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(values, vec![Some(b("before the kill"))]);
+    server.stop();
+}
+
 /// A new connection to `address` that answers a read, or the error of the connect or the read.
 async fn try_read(address: &str) -> cairn_client::Result<Client> {
     let options = ClientOptions {

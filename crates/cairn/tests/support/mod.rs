@@ -38,10 +38,16 @@ impl Server {
         env: &[(&str, &str)],
         wait_for: &str,
     ) -> Server {
+        // A free port unless the test names one (to start a node again where it was).
+        let bind = if args.contains(&"--bind-address") {
+            &[][..]
+        } else {
+            &["--bind-address", "127.0.0.1:0"][..]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
             .arg("--base-dir")
             .arg(base_dir)
-            .args(["--bind-address", "127.0.0.1:0"])
+            .args(bind)
             .args(args)
             // Tests run in parallel: every node gets its own free metrics port.
             .env("CAIRN_METRICS__BIND_ADDRESS", "127.0.0.1:0")
