@@ -627,7 +627,7 @@ async fn open_storage(
             PartitionStoreManager::open(&db_dir, &store_options).map_err(|err| {
                 // RocksDB writes at open (it recovers its write-ahead file into a table).
                 let full = err.is_disk_full();
-                let damaged = err.is_damaged();
+                let damaged = err.is_damaged().then(|| store_damaged(&db_dir, &err));
                 let err = anyhow::Error::new(err);
                 if full {
                     err.context(format!(
@@ -635,8 +635,8 @@ async fn open_storage(
                          space on it, then start the node again",
                         db_dir.display()
                     ))
-                } else if damaged {
-                    err.context(store_damaged(&db_dir))
+                } else if let Some(damaged) = damaged {
+                    err.context(damaged)
                 } else {
                     err.context("open the partition store")
                 }
@@ -649,16 +649,25 @@ async fn open_storage(
 }
 
 /// What to do about a partition store that RocksDB cannot open because a file of it is damaged
-/// or gone.
-pub(crate) fn store_damaged(db_dir: &Path) -> String {
+/// or gone: move the database that failed away (one partition's folder, or the whole store's of
+/// an older store that keeps every partition in one database).
+pub(crate) fn store_damaged(db_dir: &Path, err: &cairn_partition_store::Error) -> String {
+    let folder = err
+        .path()
+        .map_or_else(|| db_dir.to_path_buf(), PathBuf::from);
+    let whose = if folder == db_dir {
+        "each partition"
+    } else {
+        "the partition"
+    };
     format!(
         "cannot open the partition store: a file of it is damaged or missing (see below). The \
          store is rebuilt from the snapshots and the logs: move {} away (keep it until the node \
-         serves again) and start the node; each partition then restores its newest snapshot \
+         serves again) and start the node; {whose} then restores its newest snapshot \
          (with snapshot-restore-policy = \"on-init\", or where its log was trimmed) and replays \
          its log. A partition whose log was trimmed past every snapshot it has cannot be \
          rebuilt so: put the folder back from a backup instead",
-        db_dir.display()
+        folder.display()
     )
 }
 

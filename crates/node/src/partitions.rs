@@ -706,21 +706,26 @@ impl Partitions {
         })?;
         let _no_compaction = slot.compacting.lock().await;
         let _one_at_a_time = slot.restoring.lock().await;
-        // A store that RocksDB stopped would take the column family's drop and refuse the import:
-        // the restore would only take down a partition that still serves reads.
+        // A partition in the one database that an older store shares among all its partitions
+        // cannot be replaced once RocksDB stopped that database: it would refuse the column
+        // family's drop and the import, and the restore would only take down a partition that
+        // still serves reads. (A partition with a database of its own always can: the restore
+        // replaces that database whole.)
         let stores = self.stores.clone();
         if let Err(err) = blocking(id, "check the store takes writes", move || {
-            stores.check_writable()
+            stores.check_writable(id)
         })
         .await?
         {
             return Err(Error::Restore {
                 partition: id,
                 failure: RestoreFailure::Unable(format!(
-                    "the partition store refuses every write ({err}): RocksDB stopped the whole \
-                     store on that error, so a restore could not import its snapshot. Nothing \
-                     was changed. Restart the node (each partition replays its log over what \
-                     the store lost), then restore the partition"
+                    "the partition's store is in the one database that a store written by an \
+                     older Cairn shares among its partitions, and that database refuses every \
+                     write ({err}): RocksDB stopped it on that error, so a restore could not \
+                     import its snapshot. Nothing was changed. Restart the node (each partition \
+                     replays its log over what the store lost), then restore the partition; \
+                     the restore gives it a database of its own"
                 )),
             });
         }

@@ -18,7 +18,7 @@ pub struct DroppedPartition {
     pub applied_lsn: Lsn,
 }
 
-/// Drops one partition's local store (its RocksDB column family) from the base dir of a stopped
+/// Drops one partition's local store (its RocksDB database) from the base dir of a stopped
 /// node. At the next start the partition restores from a snapshot (with
 /// `snapshot-restore-policy = "on-init"`, or when its log is trimmed) or replays its whole log.
 ///
@@ -31,7 +31,7 @@ pub fn drop_partition(
     force: bool,
 ) -> anyhow::Result<DroppedPartition> {
     let base_dir = &config.base_dir;
-    if !base_dir.join("db").join("CURRENT").exists() {
+    if !base_dir.join("db").is_dir() {
         bail!(
             "{} holds no partition store; pass the node's --base-dir (or its --config)",
             base_dir.display()
@@ -41,10 +41,12 @@ pub fn drop_partition(
         lock_base_dir(base_dir).context("the node must be stopped to drop a partition's store")?;
     let db_dir = base_dir.join("db");
     let stores = PartitionStoreManager::open(&db_dir, &StoreOptions::default()).map_err(|err| {
-        let damaged = err.is_damaged();
+        let damaged = err
+            .is_damaged()
+            .then(|| crate::node::store_damaged(&db_dir, &err));
         let err = anyhow::Error::new(err);
-        if damaged {
-            err.context(crate::node::store_damaged(&db_dir))
+        if let Some(damaged) = damaged {
+            err.context(damaged)
         } else {
             err.context("open the partition store")
         }

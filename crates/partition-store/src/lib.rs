@@ -1,6 +1,7 @@
-//! The partition store: the state of every partition of a node, in one RocksDB.
+//! The partition store: the state of every partition of a node, a RocksDB per partition.
 //!
-//! Each partition has its own column family, `data-<pid>`. In it, every key starts with a table tag
+//! Each partition has its own database (`partition-<pid>.<generation>` in the store's folder) and
+//! in it its own column family, `data-<pid>`. In it, every key starts with a table tag
 //! and the partition key (big-endian), so the key ranges of SST files line up with partition key
 //! ranges:
 //!
@@ -56,10 +57,21 @@ pub enum Error {
         #[source]
         source: rust_rocksdb::Error,
     },
-    #[error("partition {0} already has a column family in this store; drop it before importing")]
+    #[error("partition {0} already has a store here; drop it before importing")]
     AlreadyExists(cairn_types::PartitionId),
-    #[error("partition {0} has no column family in this store")]
+    #[error("partition {0} has no store here")]
     UnknownPartition(cairn_types::PartitionId),
+    /// Two folders hold a store of the same partition: nothing this store writes leaves that
+    /// behind, so someone put one there.
+    #[error(
+        "partition store: partition {partition} has two stores, {first} and {second}; move the \
+         one that is not wanted out of the store's folder and start again"
+    )]
+    TwoStores {
+        partition: cairn_types::PartitionId,
+        first: String,
+        second: String,
+    },
     #[error("partition store: corrupt {what} in partition {partition}: {detail}")]
     Corrupt {
         partition: cairn_types::PartitionId,
@@ -108,9 +120,17 @@ impl Error {
         }
     }
 
+    /// The folder of the database that could not be opened.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            Error::Open { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
     /// Whether RocksDB refused because the disk holding the store is full. RocksDB then stops
-    /// writing (also for the other partitions: they share one database) and resumes by itself
-    /// once there is room for a memtable flush again; reads go on meanwhile.
+    /// writing to that partition's database and resumes by itself once there is room for a
+    /// memtable flush again; reads go on meanwhile.
     pub fn is_disk_full(&self) -> bool {
         match self {
             Error::RocksDb { source, .. } | Error::Open { source, .. } => {

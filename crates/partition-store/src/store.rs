@@ -1,4 +1,4 @@
-//! The RocksDB instance of a node and the per-partition handles on it.
+//! The RocksDB databases of a node's partitions and the per-partition handles on them.
 
 use crate::expiry::{Expiry, ExpiryFilterFactory};
 use crate::keys::{self, FSM_APPLIED_LSN, FSM_LEADER, FSM_PARTITION_TIME};
@@ -12,6 +12,7 @@ use rust_rocksdb::{
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Table options. The defaults write SST files that Debian 12's RocksDB 7.8 tools can read.
@@ -78,15 +79,41 @@ pub struct LeaderState {
     pub node: NodeId,
 }
 
-/// The RocksDB of one node, holding one column family per partition.
+/// The partition stores of one node: a RocksDB per partition, each in a folder of its own under
+/// the store's folder (`partition-<pid>.<generation>`), holding the partition's column family
+/// (`data-<pid>`).
+///
+/// A database of its own keeps one partition's trouble its own: RocksDB stops a whole database
+/// on a background error (a damaged block met by a compaction, a flush that failed), and with
+/// one database for all of them that stopped every partition until a restart. It also gives each
+/// partition a write queue of its own.
+///
+/// A store written before partitions had a database each (one RocksDB in the store's folder
+/// itself, with a column family per partition) is opened as it is, and its partitions are
+/// served from it until they are dropped; a restore imports a partition into a database of its
+/// own.
 pub struct PartitionStoreManager {
-    db: Arc<DB>,
     path: PathBuf,
     options: StoreOptions,
     /// The one block cache of every partition's tables, `options.block_cache_bytes` in all.
     block_cache: rust_rocksdb::Cache,
+    /// Each partition's own database.
+    own: Mutex<HashMap<PartitionId, OwnDb>>,
+    /// The database that held every partition before they had one each, if this store has one.
+    shared: Option<Arc<DB>>,
+    /// Creating, importing and dropping a partition's store, one at a time.
+    changing: Mutex<()>,
+    /// The generation of the next partition folder created; above every one found at open, so
+    /// a new database never shares a folder with a dropped one still open somewhere.
+    next_generation: AtomicU64,
     /// Each partition's compaction filter state, created with its column family's options.
     expiries: Mutex<HashMap<PartitionId, Arc<Expiry>>>,
+}
+
+/// A partition's own database and its folder.
+struct OwnDb {
+    db: Arc<DB>,
+    dir: PathBuf,
 }
 
 pub(crate) fn cf_name(id: PartitionId) -> String {
@@ -97,53 +124,144 @@ fn partition_of_cf(name: &str) -> Option<PartitionId> {
     name.strip_prefix("data-")?.parse().ok().map(PartitionId)
 }
 
+/// The folder of a partition's own database.
+const DIR_PREFIX: &str = "partition-";
+/// What a dropped partition's folder is renamed to before it is deleted, so that a crash in the
+/// middle of the deletion leaves nothing that looks like a store.
+const DROPPED_SUFFIX: &str = ".dropped";
+
+/// The partition and generation of a partition folder's name (`partition-3.12`).
+fn parse_dir_name(name: &str) -> Option<(PartitionId, u64)> {
+    let (id, generation) = name.strip_prefix(DIR_PREFIX)?.split_once('.')?;
+    Some((PartitionId(id.parse().ok()?), generation.parse().ok()?))
+}
+
+/// Options of every database of the store.
+fn db_options() -> Options {
+    let mut db_options = Options::default();
+    db_options.create_if_missing(true);
+    db_options.create_missing_column_families(true);
+    // Recover every complete write the WAL holds; a torn last write is dropped, which is safe
+    // because the log will replay it.
+    db_options.set_wal_recovery_mode(rust_rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
+    // The background threads are the process's: every database shares these two (and one for
+    // flushes).
+    db_options.increase_parallelism(2);
+    // A partition's processor is its database's one writer. In the shared database of an older
+    // store, batches of several partitions that meet are inserted one after the other by one
+    // thread: inserted concurrently, each insert would search its memtable's skip list from the
+    // top; one after the other, it starts from where the previous insert into that memtable
+    // ended. On two cores that was worth more than the parallelism.
+    db_options.set_allow_concurrent_memtable_write(false);
+    // Each start begins a new info log; keep a few per database rather than RocksDB's 1000.
+    db_options.set_keep_log_file_num(10);
+    db_options
+}
+
+fn rocks(context: &'static str) -> impl FnOnce(rust_rocksdb::Error) -> Error {
+    move |source| Error::RocksDb { context, source }
+}
+
+fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
+
+/// Makes a rename or a removal in `dir` durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
 impl PartitionStoreManager {
     pub fn open(path: &Path, options: &StoreOptions) -> Result<Self> {
-        let open_err = |source| Error::Open {
-            path: path.display().to_string(),
-            source,
+        let open_err = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| Error::Open { path, source }
         };
-        let mut db_options = Options::default();
-        db_options.create_if_missing(true);
-        db_options.create_missing_column_families(true);
-        // Recover every complete write the WAL holds; a torn last write is dropped, which is safe
-        // because the log will replay it.
-        db_options
-            .set_wal_recovery_mode(rust_rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
-        db_options.increase_parallelism(2);
-        // Batches of several partitions that reach RocksDB together are inserted one after the
-        // other by one thread. Inserted concurrently, each insert would search its memtable's
-        // skip list from the top; one after the other, it starts from where the previous insert
-        // into that memtable ended. On two cores that was worth more than the parallelism.
-        db_options.set_allow_concurrent_memtable_write(false);
-
-        let existing = if path.join("CURRENT").exists() {
-            DB::list_cf(&db_options, path).map_err(open_err)?
-        } else {
-            vec![]
-        };
-        let mut expiries = HashMap::new();
+        std::fs::create_dir_all(path).map_err(io("create the partition store's folder"))?;
         let block_cache = rust_rocksdb::Cache::new_lru_cache(options.block_cache_bytes);
-        let descriptors: Vec<_> = existing
-            .iter()
-            .filter(|name| name.as_str() != "default")
-            .map(|name| {
-                let expiry = Arc::new(Expiry::default());
-                if let Some(id) = partition_of_cf(name) {
-                    expiries.insert(id, expiry.clone());
-                }
-                ColumnFamilyDescriptor::new(
-                    name,
-                    column_family_options(options, &block_cache, expiry),
-                )
-            })
-            .collect();
-        let db = DB::open_cf_descriptors(&db_options, path, descriptors).map_err(open_err)?;
+        let mut expiries = HashMap::new();
+        let mut descriptors_of = |names: Vec<String>| -> Vec<ColumnFamilyDescriptor> {
+            names
+                .iter()
+                .filter(|name| name.as_str() != "default")
+                .map(|name| {
+                    let expiry = Arc::new(Expiry::default());
+                    if let Some(id) = partition_of_cf(name) {
+                        expiries.insert(id, expiry.clone());
+                    }
+                    ColumnFamilyDescriptor::new(
+                        name,
+                        column_family_options(options, &block_cache, expiry),
+                    )
+                })
+                .collect()
+        };
+
+        let shared = if path.join("CURRENT").exists() {
+            let names = DB::list_cf(&db_options(), path).map_err(open_err(path))?;
+            let db = DB::open_cf_descriptors(&db_options(), path, descriptors_of(names))
+                .map_err(open_err(path))?;
+            Some(Arc::new(db))
+        } else {
+            None
+        };
+
+        let mut found: HashMap<PartitionId, PathBuf> = HashMap::new();
+        let mut next_generation = 0;
+        // Listed whole first: the loop renames and removes folders.
+        let entries = std::fs::read_dir(path)
+            .and_then(|entries| entries.collect::<std::io::Result<Vec<_>>>())
+            .map_err(io("list the partition store's folder"))?;
+        for entry in entries {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(DIR_PREFIX) && name.ends_with(DROPPED_SUFFIX) {
+                // A drop that a crash interrupted: finish it.
+                std::fs::remove_dir_all(entry.path())
+                    .map_err(io("remove the folder of a dropped partition store"))?;
+                continue;
+            }
+            let Some((id, generation)) = parse_dir_name(&name) else {
+                continue;
+            };
+            next_generation = next_generation.max(generation + 1);
+            if cut_short(&entry.path(), id).map_err(open_err(&entry.path()))? {
+                tracing::warn!(
+                    partition = %id,
+                    path = %entry.path().display(),
+                    "removing the folder of a partition store whose creation was cut short"
+                );
+                remove_dropped(path, &entry.path())?;
+                continue;
+            }
+            if let Some(other) = found.insert(id, entry.path()) {
+                return Err(Error::TwoStores {
+                    partition: id,
+                    first: other.display().to_string(),
+                    second: entry.path().display().to_string(),
+                });
+            }
+        }
+        let mut own = HashMap::new();
+        for (id, dir) in found {
+            let names = DB::list_cf(&db_options(), &dir).map_err(open_err(&dir))?;
+            let db = DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
+                .map_err(open_err(&dir))?;
+            own.insert(
+                id,
+                OwnDb {
+                    db: Arc::new(db),
+                    dir,
+                },
+            );
+        }
         Ok(PartitionStoreManager {
-            db: Arc::new(db),
             path: path.to_path_buf(),
             options: options.clone(),
             block_cache,
+            own: Mutex::new(own),
+            shared,
+            changing: Mutex::new(()),
+            next_generation: AtomicU64::new(next_generation),
             expiries: Mutex::new(expiries),
         })
     }
@@ -152,54 +270,109 @@ impl PartitionStoreManager {
     /// that [`partition`](Self::partition) hands out from then on.
     fn new_cf_options(&self, id: PartitionId) -> Options {
         let expiry = Arc::new(Expiry::default());
-        self.expiries_lock().insert(id, expiry.clone());
+        lock(&self.expiries).insert(id, expiry.clone());
         column_family_options(&self.options, &self.block_cache, expiry)
-    }
-
-    fn expiries_lock(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionId, Arc<Expiry>>> {
-        // The map is only ever replaced whole-entry; a panic elsewhere leaves it consistent.
-        self.expiries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The folder holding partition `id`'s files: its database's, or the store's own for a
+    /// partition in the shared database of an older store.
+    pub fn partition_dir(&self, id: PartitionId) -> Option<PathBuf> {
+        if let Some(own) = lock(&self.own).get(&id) {
+            return Some(own.dir.clone());
+        }
+        self.db_of(id).map(|_| self.path.clone())
+    }
+
+    /// The database holding partition `id`'s column family: its own, or the shared one of an
+    /// older store.
+    fn db_of(&self, id: PartitionId) -> Option<Arc<DB>> {
+        if let Some(own) = lock(&self.own).get(&id) {
+            return Some(own.db.clone());
+        }
+        let shared = self.shared.as_ref()?;
+        shared.cf_handle(&cf_name(id))?;
+        Some(shared.clone())
+    }
+
     /// The store of partition `id`, if this node has one.
     pub fn partition(&self, id: PartitionId) -> Option<PartitionStore> {
-        let name = cf_name(id);
-        self.db.cf_handle(&name)?;
-        let expiry = self.expiries_lock().entry(id).or_default().clone();
+        let db = self.db_of(id)?;
+        let expiry = lock(&self.expiries).entry(id).or_default().clone();
         Some(PartitionStore {
-            db: self.db.clone(),
+            db,
             id,
-            cf_name: name,
+            cf_name: cf_name(id),
             expiry,
         })
     }
 
-    /// The store of partition `id`, created empty if this node has none.
-    pub fn open_or_create_partition(&self, id: PartitionId) -> Result<PartitionStore> {
-        if let Some(store) = self.partition(id) {
-            return Ok(store);
+    /// Creates a database of its own for partition `id` in a new folder and runs `fill` on it;
+    /// if `fill` fails, the database and its folder are removed again.
+    fn create_own(
+        &self,
+        id: PartitionId,
+        fill: impl FnOnce(&DB) -> Result<()>,
+    ) -> Result<PartitionStore> {
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let dir = self.path.join(format!("{DIR_PREFIX}{id}.{generation}"));
+        let db = match DB::open(&db_options(), &dir) {
+            Ok(db) => db,
+            Err(source) => {
+                // A full disk, say: nothing of it is worth keeping.
+                if dir.exists()
+                    && let Err(error) = remove_dropped(&self.path, &dir)
+                {
+                    tracing::warn!(path = %dir.display(), %error, "remove a partition store that could not be created");
+                }
+                return Err(Error::Open {
+                    path: dir.display().to_string(),
+                    source,
+                });
+            }
+        };
+        if let Err(err) = fill(&db) {
+            drop(db);
+            if let Err(error) = remove_dropped(&self.path, &dir) {
+                tracing::warn!(path = %dir.display(), %error, "remove a partition store that could not be filled");
+            }
+            return Err(err);
         }
-        self.db
-            .create_cf(cf_name(id), &self.new_cf_options(id))
-            .map_err(|source| Error::RocksDb {
-                context: "create column family",
-                source,
-            })?;
+        let _ = sync_dir(&self.path);
+        lock(&self.own).insert(
+            id,
+            OwnDb {
+                db: Arc::new(db),
+                dir,
+            },
+        );
         self.partition(id).ok_or(Error::UnknownPartition(id))
     }
 
-    /// Creates partition `id`'s column family from SST files that an [`PartitionStore::export`]
-    /// made (possibly on another node), found in `dir` under their names. The files are moved
-    /// into the store (hard links where the file system allows), so `dir` must be on the same file
-    /// system as the store for this to be cheap. Fails if the partition already has a store.
+    /// The store of partition `id`, created empty if this node has none.
+    pub fn open_or_create_partition(&self, id: PartitionId) -> Result<PartitionStore> {
+        let _changing = lock(&self.changing);
+        if let Some(store) = self.partition(id) {
+            return Ok(store);
+        }
+        let options = self.new_cf_options(id);
+        self.create_own(id, |db| {
+            db.create_cf(cf_name(id), &options)
+                .map_err(rocks("create column family"))
+        })
+    }
+
+    /// Creates partition `id`'s store from SST files that an [`PartitionStore::export`] made
+    /// (possibly on another node), found in `dir` under their names. The files are moved into the
+    /// store (hard links where the file system allows), so `dir` must be on the same file system
+    /// as the store for this to be cheap. Fails if the partition already has a store.
     ///
     /// RocksDB creates the column family and then adds the files: a crash in between can leave
-    /// an empty or partial column family, so callers mark an import in progress durably and drop
-    /// the column family on the next start if the mark is still there.
+    /// an empty or partial store, so callers mark an import in progress durably and drop the
+    /// partition on the next start if the mark is still there.
     pub fn import_partition(
         &self,
         id: PartitionId,
@@ -207,6 +380,7 @@ impl PartitionStoreManager {
         comparator_name: &str,
         files: &[ExportedFile],
     ) -> Result<PartitionStore> {
+        let _changing = lock(&self.changing);
         if self.partition(id).is_some() {
             return Err(Error::AlreadyExists(id));
         }
@@ -219,75 +393,127 @@ impl PartitionStoreManager {
             .collect();
         metadata
             .set_files(&live_files)
-            .map_err(|source| Error::RocksDb {
-                context: "describe files to import",
-                source,
-            })?;
+            .map_err(rocks("describe files to import"))?;
         let mut import_options = rust_rocksdb::ImportColumnFamilyOptions::default();
         import_options.set_move_files(true);
-        self.db
-            .create_column_family_with_import(
-                &self.new_cf_options(id),
-                cf_name(id),
-                &import_options,
-                &metadata,
-            )
-            .map_err(|source| Error::RocksDb {
-                context: "import column family",
-                source,
-            })?;
-        self.partition(id).ok_or(Error::UnknownPartition(id))
+        let options = self.new_cf_options(id);
+        self.create_own(id, |db| {
+            db.create_column_family_with_import(&options, cf_name(id), &import_options, &metadata)
+                .map_err(rocks("import column family"))
+        })
     }
 
-    /// Drops partition `id`'s column family and everything in it.
+    /// Drops partition `id`'s store and everything in it. Its own database is closed to new
+    /// background work and its folder deleted; handles still held elsewhere fail from then on.
     pub fn drop_partition(&self, id: PartitionId) -> Result<()> {
-        self.db
-            .drop_cf(&cf_name(id))
-            .map_err(|source| Error::RocksDb {
-                context: "drop column family",
-                source,
-            })
+        let _changing = lock(&self.changing);
+        let own = lock(&self.own).remove(&id);
+        let in_shared = self
+            .shared
+            .as_ref()
+            .filter(|shared| shared.cf_handle(&cf_name(id)).is_some());
+        if own.is_none() && in_shared.is_none() {
+            return Err(Error::UnknownPartition(id));
+        }
+        if let Some(OwnDb { db, dir }) = own {
+            // Dropped first, so that nothing of it is flushed as background work stops (RocksDB
+            // flushes what it holds in memory when it stops). A database that RocksDB stopped
+            // may refuse the drop: its folder goes all the same.
+            if let Err(error) = db.drop_cf(&cf_name(id)) {
+                tracing::warn!(partition = %id, %error, "drop the column family of a partition store being removed");
+            }
+            db.cancel_all_background_work(true);
+            drop(db);
+            remove_dropped(&self.path, &dir)?;
+        }
+        if let Some(shared) = in_shared {
+            shared
+                .drop_cf(&cf_name(id))
+                .map_err(rocks("drop column family"))?;
+        }
+        Ok(())
+    }
+
+    /// Every database of the store.
+    fn databases(&self) -> Vec<Arc<DB>> {
+        let mut all: Vec<Arc<DB>> = lock(&self.own).values().map(|o| o.db.clone()).collect();
+        all.extend(self.shared.clone());
+        all
     }
 
     /// Waits until no flush or compaction is running or queued in any partition. Writers must
     /// pause for it to return.
     pub fn wait_for_background_work(&self) -> Result<()> {
-        self.db
-            .wait_for_compact(&rust_rocksdb::WaitForCompactOptions::default())
-            .map_err(|source| Error::RocksDb {
-                context: "wait for compactions",
-                source,
-            })
+        for db in self.databases() {
+            db.wait_for_compact(&rust_rocksdb::WaitForCompactOptions::default())
+                .map_err(rocks("wait for compactions"))?;
+        }
+        Ok(())
     }
 
-    /// Whether the store takes writes: RocksDB refuses every write of every partition once a
-    /// background error (a damaged table met by a compaction, a failed flush) stopped it. Writes
-    /// a deletion of a key no partition holds, in the default column family.
-    pub fn check_writable(&self) -> Result<()> {
+    /// Whether a restore of partition `id` can replace its store. A partition with a database
+    /// of its own always can: the restore drops that database whole, even one RocksDB stopped.
+    /// A partition in the shared database of an older store cannot once RocksDB stopped that
+    /// database (a damaged table met by a compaction, a failed flush): it refuses the column
+    /// family's drop and every import. Checked by writing a deletion of a key no partition holds,
+    /// in its default column family.
+    pub fn check_writable(&self, id: PartitionId) -> Result<()> {
+        if lock(&self.own).contains_key(&id) {
+            return Ok(());
+        }
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
         let mut options = WriteOptions::default();
         options.disable_wal(true);
         let mut batch = WriteBatch::default();
         batch.delete(b"writable");
-        self.db
-            .write_opt(&batch, &options)
-            .map_err(|source| Error::RocksDb {
-                context: "write",
-                source,
-            })
+        shared.write_opt(&batch, &options).map_err(rocks("write"))
     }
 
-    /// Partitions that have a column family here, in id order.
+    /// Partitions that have a store here, in id order.
     pub fn partitions(&self) -> Vec<PartitionId> {
-        let mut ids: Vec<PartitionId> = DB::list_cf(&Options::default(), &self.path)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|name| name.strip_prefix("data-")?.parse().ok())
-            .map(PartitionId)
-            .filter(|id| self.db.cf_handle(&cf_name(*id)).is_some())
-            .collect();
+        let mut ids: Vec<PartitionId> = lock(&self.own).keys().copied().collect();
+        if self.shared.is_some() {
+            ids.extend(
+                DB::list_cf(&Options::default(), &self.path)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|name| partition_of_cf(name))
+                    .filter(|id| self.db_of(*id).is_some()),
+            );
+        }
         ids.sort();
+        ids.dedup();
         ids
     }
+}
+
+/// Whether the folder of partition `id`'s database is one whose creation a crash cut short: a
+/// database that RocksDB had not finished creating (no `CURRENT`), or one without the
+/// partition's column family yet. Neither can hold any of the partition's data.
+fn cut_short(dir: &Path, id: PartitionId) -> std::result::Result<bool, rust_rocksdb::Error> {
+    if !dir.join("CURRENT").exists() {
+        return Ok(true);
+    }
+    Ok(!DB::list_cf(&db_options(), dir)?.contains(&cf_name(id)))
+}
+
+/// Renames a partition's folder out of the way, then deletes it; a crash in between leaves a
+/// folder that the next open deletes.
+fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
+    let mut dropped = dir.as_os_str().to_owned();
+    dropped.push(DROPPED_SUFFIX);
+    let dropped = PathBuf::from(dropped);
+    std::fs::rename(dir, &dropped).map_err(io("move a dropped partition store aside"))?;
+    sync_dir(store_dir).map_err(io("move a dropped partition store aside"))?;
+    std::fs::remove_dir_all(&dropped).map_err(io("remove a dropped partition store"))
+}
+
+/// A lock whose data stays consistent if a holder panicked: every map here is changed one whole
+/// entry at a time.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Options of a partition's column family. Every partition's tables share `block_cache`, so the
@@ -749,7 +975,8 @@ impl PartitionStore {
     }
 
     /// Whether a compaction of this partition is running or queued, or one would be at the next
-    /// chance. The count of running compactions is the whole store's.
+    /// chance. The count of running compactions is the partition's database's (for a partition
+    /// in the shared database of an older store, that database's).
     pub fn compaction_in_progress(&self) -> Result<bool> {
         let cf = self.cf()?;
         Ok(
@@ -1249,5 +1476,154 @@ mod tests {
         assert!(matches!(a.get(b"k"), Err(Error::UnknownPartition(_))));
         drop((a, b, manager));
         assert_eq!(open(dir.path()).partitions(), vec![PartitionId(1)]);
+    }
+
+    /// Each partition is a database of its own: a partition's store is dropped and made again
+    /// while a handle on the old one is still held, and the old handle neither reads nor writes
+    /// the new store.
+    #[test]
+    fn a_dropped_store_still_held_does_not_touch_its_successor() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let old = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        let mut batch = old.write_batch();
+        batch.put(b"k", b"old", None);
+        old.commit(batch).unwrap();
+        let old_dir = manager.partition_dir(PartitionId(0)).unwrap();
+
+        manager.drop_partition(PartitionId(0)).unwrap();
+        assert!(!old_dir.exists(), "the dropped store's folder is gone");
+        let new = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        assert_ne!(manager.partition_dir(PartitionId(0)).unwrap(), old_dir);
+        assert_eq!(new.get(b"k").unwrap(), None);
+        let mut batch = new.write_batch();
+        batch.put(b"k", b"new", None);
+        new.commit(batch).unwrap();
+        assert!(old.get(b"k").is_err());
+        let mut batch = old.write_batch();
+        batch.put(b"k", b"stale", None);
+        assert!(old.commit(batch).is_err());
+        drop(old);
+
+        drop((new, manager));
+        let manager = open(dir.path());
+        let stored = manager
+            .partition(PartitionId(0))
+            .unwrap()
+            .get(b"k")
+            .unwrap();
+        assert_eq!(&stored.unwrap().value[..], b"new");
+        let folders = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(folders, 1, "one folder for the one partition");
+    }
+
+    /// A drop that a crash cut short leaves a folder renamed aside: the next open deletes it.
+    /// Two folders for one partition are refused, naming both.
+    #[test]
+    fn leftover_and_doubled_partition_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()).open_or_create_partition(PartitionId(3)));
+        let leftover = dir.path().join("partition-3.0.dropped");
+        std::fs::create_dir(&leftover).unwrap();
+        std::fs::write(leftover.join("000007.sst"), b"half deleted").unwrap();
+        let manager = open(dir.path());
+        assert!(!leftover.exists());
+        assert_eq!(manager.partitions(), vec![PartitionId(3)]);
+        let current = manager.partition_dir(PartitionId(3)).unwrap();
+        drop(manager);
+
+        let copy = dir.path().join("partition-3.9");
+        std::fs::create_dir(&copy).unwrap();
+        for file in std::fs::read_dir(&current).unwrap() {
+            let file = file.unwrap();
+            std::fs::copy(file.path(), copy.join(file.file_name())).unwrap();
+        }
+        match PartitionStoreManager::open(dir.path(), &StoreOptions::default()) {
+            Err(Error::TwoStores { partition, .. }) => assert_eq!(partition, PartitionId(3)),
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("two stores of one partition were opened"),
+        }
+    }
+
+    /// A crash while a partition's database was being created leaves a folder with no database
+    /// in it yet, or a database without the partition's column family: the next open removes
+    /// it, and the partition has no store, as before the creation.
+    #[test]
+    fn a_creation_cut_short_leaves_no_store() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()).open_or_create_partition(PartitionId(1)));
+        let no_database = dir.path().join("partition-2.5");
+        std::fs::create_dir(&no_database).unwrap();
+        std::fs::write(no_database.join("MANIFEST-000001"), b"").unwrap();
+        let no_column_family = dir.path().join("partition-3.6");
+        drop(DB::open(&db_options(), &no_column_family).unwrap());
+
+        let manager = open(dir.path());
+        assert_eq!(manager.partitions(), vec![PartitionId(1)]);
+        assert!(!no_database.exists() && !no_column_family.exists());
+        let three = manager.open_or_create_partition(PartitionId(3)).unwrap();
+        assert_eq!(three.applied_lsn().unwrap(), Lsn::ZERO);
+        let created = manager.partition_dir(PartitionId(3)).unwrap();
+        assert_eq!(
+            created,
+            dir.path().join("partition-3.7"),
+            "a new generation"
+        );
+    }
+
+    /// A store written when every partition was a column family of one database opens and
+    /// serves as it is; a partition dropped and imported again gets a database of its own, and
+    /// new partitions get one from the start.
+    #[test]
+    fn a_store_of_one_database_for_every_partition_still_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = DB::open_cf(&db_options(), dir.path(), ["data-4", "data-6"]).unwrap();
+            for name in ["data-4", "data-6"] {
+                let cf = db.cf_handle(name).unwrap();
+                let (mut key, mut value) = (Vec::new(), Vec::new());
+                keys::append_data_key(&mut key, b"k");
+                keys::append_value(&mut value, None, name.as_bytes());
+                db.put_cf(&cf, key, value).unwrap();
+                db.put_cf(&cf, keys::fsm_key(FSM_APPLIED_LSN), 5u64.to_be_bytes())
+                    .unwrap();
+            }
+            db.flush_cf(&db.cf_handle("data-4").unwrap()).unwrap();
+            db.flush_cf(&db.cf_handle("data-6").unwrap()).unwrap();
+        }
+        let manager = open(dir.path());
+        assert_eq!(manager.partitions(), vec![PartitionId(4), PartitionId(6)]);
+        let four = manager.partition(PartitionId(4)).unwrap();
+        assert_eq!(four.applied_lsn().unwrap(), Lsn(5));
+        assert_eq!(&four.get(b"k").unwrap().unwrap().value[..], b"data-4");
+        assert_eq!(manager.partition_dir(PartitionId(4)).unwrap(), dir.path());
+        manager.check_writable(PartitionId(4)).unwrap();
+
+        let export = four.export(&dir.path().join("export")).unwrap();
+        drop(four);
+        manager.drop_partition(PartitionId(4)).unwrap();
+        let four = manager
+            .import_partition(
+                PartitionId(4),
+                &export.dir,
+                &export.comparator_name,
+                &export.files,
+            )
+            .unwrap();
+        assert_eq!(&four.get(b"k").unwrap().unwrap().value[..], b"data-4");
+        assert_ne!(manager.partition_dir(PartitionId(4)).unwrap(), dir.path());
+        manager.open_or_create_partition(PartitionId(5)).unwrap();
+
+        drop((four, manager));
+        let manager = open(dir.path());
+        assert_eq!(
+            manager.partitions(),
+            vec![PartitionId(4), PartitionId(5), PartitionId(6)]
+        );
+        let six = manager.partition(PartitionId(6)).unwrap();
+        assert_eq!(&six.get(b"k").unwrap().unwrap().value[..], b"data-6");
+        assert_eq!(manager.partition_dir(PartitionId(6)).unwrap(), dir.path());
+        let four = manager.partition(PartitionId(4)).unwrap();
+        assert_eq!(four.applied_lsn().unwrap(), Lsn(5));
     }
 }

@@ -22,7 +22,7 @@ fn sst_dump_from_debian_reads_our_sst_files() {
     store.commit(batch).unwrap();
     store.flush().unwrap();
 
-    let ssts: Vec<_> = std::fs::read_dir(dir.path())
+    let ssts: Vec<_> = std::fs::read_dir(manager.partition_dir(PartitionId(1)).unwrap())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "sst"))

@@ -568,11 +568,14 @@ fn export_paths(export: &ColumnFamilyExport) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The bytes of the table files in the store's folder `db` and its partitions' folders in it.
 fn sst_bytes_on_disk(db: &Path) -> anyhow::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(db)? {
         let entry = entry?;
-        if entry.path().extension().is_some_and(|e| e == "sst") {
+        if entry.file_type()?.is_dir() {
+            total += sst_bytes_on_disk(&entry.path())?;
+        } else if entry.path().extension().is_some_and(|e| e == "sst") {
             total += entry.metadata()?.len();
         }
     }
