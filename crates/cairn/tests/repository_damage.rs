@@ -570,40 +570,40 @@ async fn a_base_dir_put_back_from_an_older_copy_does_not_trust_newer_snapshots()
     server.stop();
 }
 
-/// A table file of the store is lost (a file-system fault): the node refuses to start, saying
-/// that the store is rebuilt from snapshots and logs once it is moved away, which is so.
+/// A table file of a partition's store is lost (a file-system fault): the node starts and the
+/// other partitions serve, while that partition stays down saying what is wrong and how to rebuild
+/// it; the restore it names brings back every key.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_store_missing_a_table_file_names_the_way_to_rebuild_it() {
+async fn a_store_missing_a_table_file_keeps_only_its_partition_down() {
     let base = tempfile::tempdir().unwrap();
     let keys = keys_of_partition("kept", 0, 1000);
-    snapshot_between(base.path(), &keys, &keys_of_partition("later", 0, 100)).await;
-    let db = partition_folder(base.path(), 0);
-    let table = std::fs::read_dir(&db)
+    let later = keys_of_partition("later", 0, 100);
+    snapshot_between(base.path(), &keys, &later).await;
+    let folder = partition_folder(base.path(), 0);
+    let table = std::fs::read_dir(&folder)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .find(|path| path.extension().is_some_and(|e| e == "sst"))
         .expect("a table file");
     std::fs::remove_file(&table).unwrap();
 
-    let refused = fails(support::run_cairn(
-        &[
-            "--base-dir",
-            base.path().to_str().unwrap(),
-            "--bind-address",
-            "127.0.0.1:0",
-        ],
-        &[],
-    ));
-    assert!(refused.contains("damaged or missing"), "{refused}");
-    assert!(
-        refused.contains(&format!("move {} away", db.display())),
-        "{refused}"
-    );
-
-    std::fs::rename(&db, base.path().join("db.moved")).unwrap();
     let server = Server::start(base.path());
-    assert_keys_there(&server.address, &keys).await;
-    assert_keys_there(&server.address, &keys_of_partition("later", 0, 100)).await;
+    let a = server.address.clone();
+    let listed = ok(cairnctl(&a, &["partitions", "list"]));
+    assert!(listed.contains("damaged or missing"), "{listed}");
+    assert!(
+        listed.contains("cairnctl -y partitions restore -p 0"),
+        "{listed}"
+    );
+    assert!(listed.contains(&folder.display().to_string()), "{listed}");
+    let others = keys_of_partition("other", 1, 100);
+    put_keys(&a, &others, 100).await;
+    assert_keys_there(&a, &others).await;
+
+    ok(cairnctl(&a, &["-y", "partitions", "restore", "-p", "0"]));
+    assert_keys_there(&a, &keys).await;
+    assert_keys_there(&a, &later).await;
+    assert!(!folder.exists(), "the damaged store was replaced");
     server.stop();
 }
 

@@ -416,6 +416,7 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         resp_listener
             .as_ref()
             .map(|_| state.config.resp.max_clients),
+        cluster.num_partitions,
     );
     let server = serve_grpc(state.clone(), listener, max_connections, cancel.clone());
     info!(
@@ -627,9 +628,17 @@ async fn open_storage(
             PartitionStoreManager::open(&db_dir, &store_options).map_err(|err| {
                 // RocksDB writes at open (it recovers its write-ahead file into a table).
                 let full = err.is_disk_full();
+                let out_of_files = err.is_out_of_files();
                 let damaged = err.is_damaged().then(|| store_damaged(&db_dir, &err));
                 let err = anyhow::Error::new(err);
-                if full {
+                if out_of_files {
+                    err.context(
+                        "cannot open the partition store: the open-files limit is spent (each \
+                         partition has a RocksDB of its own, which keeps every table file open); \
+                         raise the limit (`ulimit -n`, or LimitNOFILE= in a systemd unit), then \
+                         start the node again",
+                    )
+                } else if full {
                     err.context(format!(
                         "cannot open the partition store: the disk holding {} is full; free \
                          space on it, then start the node again",

@@ -65,6 +65,12 @@ enum NotStarted {
     Store(#[from] cairn_partition_store::Error),
     #[error("partition {0} has no store after its restore")]
     NoStoreAfterRestore(PartitionId),
+    /// The partition has a store that RocksDB cannot open.
+    #[error("{}", unopened_store_reason(*partition, source))]
+    StoreNotOpened {
+        partition: PartitionId,
+        source: Arc<cairn_partition_store::Error>,
+    },
     /// The log no longer holds records the store lacks, and no snapshot could fill the gap.
     #[error(
         "the log is trimmed up to LSN {trim_point} but the store has applied only up to LSN \
@@ -521,6 +527,12 @@ impl Partitions {
         let (stores, staging_root) = (self.stores.clone(), self.staging_root.clone());
         let (existing, applied) = blocking(id, "repair and read the store", move || {
             repair_interrupted_restore(&stores, &staging_root, id)?;
+            if let Some(source) = stores.unopened(id) {
+                return Err(NotStarted::StoreNotOpened {
+                    partition: id,
+                    source,
+                });
+            }
             let existing = stores.partition(id);
             let applied = match &existing {
                 Some(store) => store.applied_lsn()?,
@@ -841,6 +853,20 @@ impl Partitions {
             _ => slot.set(SlotState::Down(err.to_string())),
         }
     }
+}
+
+/// Why a partition whose store could not be opened (a file of it is damaged or missing) is down,
+/// and what to do.
+fn unopened_store_reason(id: PartitionId, err: &cairn_partition_store::Error) -> String {
+    let folder = err.path().unwrap_or("its folder");
+    format!(
+        "its store cannot be opened: a file of it is damaged or missing ({err}). Nothing was \
+         deleted, and the partition stays down while the node's other partitions serve. \
+         `cairnctl -y partitions restore -p {id}` replaces the store with the newest sound \
+         snapshot and the log after it (to keep the damaged files, move {folder} out of the \
+         store's folder first); with no snapshot, stop the node, run `cairn drop-partition -p \
+         {id}` and start it again: the partition replays its log"
+    )
 }
 
 /// Why a partition whose log could not be opened is down, and what to do.

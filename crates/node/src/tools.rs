@@ -51,14 +51,18 @@ pub fn drop_partition(
             err.context("open the partition store")
         }
     })?;
-    let Some(store) = stores.partition(partition) else {
+    if !stores.has_store(partition) {
         bail!(
             "partition {partition} has no store in {}; nothing to drop",
             base_dir.display()
         );
-    };
-    let applied_lsn = store.applied_lsn().unwrap_or(Lsn::ZERO);
-    drop(store);
+    }
+    // A store that cannot be opened (a damaged file) is dropped all the same: that is what
+    // rebuilding it from the log takes.
+    let applied_lsn = stores
+        .partition(partition)
+        .and_then(|store| store.applied_lsn().ok())
+        .unwrap_or(Lsn::ZERO);
     if !force {
         recoverable(config, partition)?;
     }

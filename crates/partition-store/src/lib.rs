@@ -37,6 +37,8 @@ mod keys;
 mod store;
 mod verify;
 
+use std::sync::Arc;
+
 pub use store::{
     ColumnFamilyExport, ExportedFile, LeaderState, PartitionStore, PartitionStoreManager,
     PartitionWriteBatch, SizeEstimates, StoreOptions, StoredValue,
@@ -61,6 +63,13 @@ pub enum Error {
     AlreadyExists(cairn_types::PartitionId),
     #[error("partition {0} has no store here")]
     UnknownPartition(cairn_types::PartitionId),
+    /// The partition's store is there but could not be opened; `source` says why.
+    #[error("partition {partition}'s store could not be opened: {source}")]
+    NotOpened {
+        partition: cairn_types::PartitionId,
+        #[source]
+        source: Arc<Error>,
+    },
     /// Two folders hold a store of the same partition: nothing this store writes leaves that
     /// behind, so someone put one there.
     #[error(
@@ -116,6 +125,7 @@ impl Error {
                         && source.as_ref().contains("No such file or directory"))
             }
             Error::DamagedTable { .. } => true,
+            Error::NotOpened { source, .. } => source.is_damaged(),
             _ => false,
         }
     }
@@ -124,7 +134,20 @@ impl Error {
     pub fn path(&self) -> Option<&str> {
         match self {
             Error::Open { path, .. } => Some(path),
+            Error::NotOpened { source, .. } => source.path(),
             _ => None,
+        }
+    }
+
+    /// Whether the process ran out of file descriptors (the open-files limit).
+    pub fn is_out_of_files(&self) -> bool {
+        match self {
+            Error::RocksDb { source, .. } | Error::Open { source, .. } => {
+                source.as_ref().contains("Too many open files")
+            }
+            Error::Io { source, .. } => source.raw_os_error() == Some(24),
+            Error::NotOpened { source, .. } => source.is_out_of_files(),
+            _ => false,
         }
     }
 
@@ -138,6 +161,7 @@ impl Error {
                     && source.as_ref().contains("No space left on device")
             }
             Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            Error::NotOpened { source, .. } => source.is_disk_full(),
             _ => false,
         }
     }

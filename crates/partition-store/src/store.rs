@@ -99,6 +99,9 @@ pub struct PartitionStoreManager {
     block_cache: rust_rocksdb::Cache,
     /// Each partition's own database.
     own: Mutex<HashMap<PartitionId, OwnDb>>,
+    /// Partitions whose database could not be opened because a file of it is damaged or
+    /// missing: their folder and why. They have a store, which nothing uses until it is dropped.
+    unopened: Mutex<HashMap<PartitionId, (PathBuf, Arc<Error>)>>,
     /// The database that held every partition before they had one each, if this store has one.
     shared: Option<Arc<DB>>,
     /// Creating, importing and dropping a partition's store, one at a time.
@@ -139,7 +142,10 @@ fn parse_dir_name(name: &str) -> Option<(PartitionId, u64)> {
 /// Options of every database of the store.
 fn db_options() -> Options {
     let mut db_options = Options::default();
-    db_options.create_if_missing(true);
+    // Only a new partition's database is created (`create_own`): RocksDB asked to open a folder
+    // that lost its `CURRENT` would otherwise make a new, empty database there and delete the
+    // tables it does not know.
+    db_options.create_if_missing(false);
     db_options.create_missing_column_families(true);
     // Recover every complete write the WAL holds; a torn last write is dropped, which is safe
     // because the log will replay it.
@@ -154,7 +160,10 @@ fn db_options() -> Options {
     // ended. On two cores that was worth more than the parallelism.
     db_options.set_allow_concurrent_memtable_write(false);
     // Each start begins a new info log; keep a few per database rather than RocksDB's 1000.
-    db_options.set_keep_log_file_num(10);
+    db_options.set_keep_log_file_num(5);
+    // RocksDB reserves 4 MiB for each database's description by default; a partition's is a few
+    // KiB (rewritten at every start), and 256 partitions would take 1 GiB of disk for nothing.
+    db_options.set_manifest_preallocation_size(64 * 1024);
     db_options
 }
 
@@ -162,8 +171,13 @@ fn rocks(context: &'static str) -> impl FnOnce(rust_rocksdb::Error) -> Error {
     move |source| Error::RocksDb { context, source }
 }
 
-fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| Error::Io { context, source }
+/// A file-system error, naming the file or folder it is about.
+fn io_at(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.display().to_string();
+    move |source| Error::Io {
+        context,
+        source: std::io::Error::new(source.kind(), format!("{path}: {source}")),
+    }
 }
 
 /// Makes a rename or a removal in `dir` durable.
@@ -177,7 +191,8 @@ impl PartitionStoreManager {
             let path = path.display().to_string();
             move |source| Error::Open { path, source }
         };
-        std::fs::create_dir_all(path).map_err(io("create the partition store's folder"))?;
+        std::fs::create_dir_all(path)
+            .map_err(io_at("create the partition store's folder", path))?;
         let block_cache = rust_rocksdb::Cache::new_lru_cache(options.block_cache_bytes);
         let mut expiries = HashMap::new();
         let mut descriptors_of = |names: Vec<String>| -> Vec<ColumnFamilyDescriptor> {
@@ -211,26 +226,42 @@ impl PartitionStoreManager {
         // Listed whole first: the loop renames and removes folders.
         let entries = std::fs::read_dir(path)
             .and_then(|entries| entries.collect::<std::io::Result<Vec<_>>>())
-            .map_err(io("list the partition store's folder"))?;
+            .map_err(io_at("list the partition store's folder", path))?;
         for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(DIR_PREFIX) && name.ends_with(DROPPED_SUFFIX) {
-                // A drop that a crash interrupted: finish it.
-                std::fs::remove_dir_all(entry.path())
-                    .map_err(io("remove the folder of a dropped partition store"))?;
+            let entry_path = entry.path();
+            let kind = entry
+                .file_type()
+                .map_err(io_at("read the partition store's folder", &entry_path))?;
+            if let Some(dropped) = name.strip_suffix(DROPPED_SUFFIX)
+                && let Some((_, generation)) = parse_dir_name(dropped)
+            {
+                next_generation = next_generation.max(generation + 1);
+                // A drop that a crash interrupted: finish it (a link goes, not what it names).
+                if kind.is_dir() {
+                    std::fs::remove_dir_all(&entry_path)
+                } else {
+                    std::fs::remove_file(&entry_path)
+                }
+                .map_err(io_at("remove a dropped partition store", &entry_path))?;
                 continue;
             }
             let Some((id, generation)) = parse_dir_name(&name) else {
                 continue;
             };
             next_generation = next_generation.max(generation + 1);
-            if cut_short(&entry.path(), id).map_err(open_err(&entry.path()))? {
+            if !kind.is_dir() {
+                tracing::warn!(path = %entry_path.display(), "not a folder: passed over, though its name is that of a partition store");
+                continue;
+            }
+            if holds_no_store(&entry_path, id) {
                 tracing::warn!(
                     partition = %id,
-                    path = %entry.path().display(),
-                    "removing the folder of a partition store whose creation was cut short"
+                    path = %entry_path.display(),
+                    "removing a partition store's folder that holds none of its data (its creation \
+                     or its drop was cut short)"
                 );
-                remove_dropped(path, &entry.path())?;
+                remove_dropped(path, &entry_path)?;
                 continue;
             }
             if let Some(other) = found.insert(id, entry.path()) {
@@ -242,23 +273,36 @@ impl PartitionStoreManager {
             }
         }
         let mut own = HashMap::new();
+        let mut unopened = HashMap::new();
         for (id, dir) in found {
-            let names = DB::list_cf(&db_options(), &dir).map_err(open_err(&dir))?;
-            let db = DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
-                .map_err(open_err(&dir))?;
-            own.insert(
-                id,
-                OwnDb {
-                    db: Arc::new(db),
-                    dir,
-                },
-            );
+            let opened = DB::list_cf(&db_options(), &dir).and_then(|names| {
+                DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
+            });
+            match opened.map_err(open_err(&dir)) {
+                Ok(db) => {
+                    own.insert(
+                        id,
+                        OwnDb {
+                            db: Arc::new(db),
+                            dir,
+                        },
+                    );
+                }
+                // A damaged database keeps its partition down, not the node. Anything else (a
+                // full disk, too many open files) is the node's to fix, and stops it here.
+                Err(err) if err.is_damaged() => {
+                    tracing::error!(partition = %id, "cannot open the partition's store: {err}");
+                    unopened.insert(id, (dir, Arc::new(err)));
+                }
+                Err(err) => return Err(err),
+            }
         }
         Ok(PartitionStoreManager {
             path: path.to_path_buf(),
             options: options.clone(),
             block_cache,
             own: Mutex::new(own),
+            unopened: Mutex::new(unopened),
             shared,
             changing: Mutex::new(()),
             next_generation: AtomicU64::new(next_generation),
@@ -284,7 +328,22 @@ impl PartitionStoreManager {
         if let Some(own) = lock(&self.own).get(&id) {
             return Some(own.dir.clone());
         }
+        if let Some((dir, _)) = lock(&self.unopened).get(&id) {
+            return Some(dir.clone());
+        }
         self.db_of(id).map(|_| self.path.clone())
+    }
+
+    /// Why partition `id`'s store could not be opened, if it could not. Such a partition has a
+    /// store, but [`partition`](Self::partition) gives none; [`drop_partition`]
+    /// (Self::drop_partition) removes it.
+    pub fn unopened(&self, id: PartitionId) -> Option<Arc<Error>> {
+        lock(&self.unopened).get(&id).map(|(_, err)| err.clone())
+    }
+
+    /// Whether partition `id` has a store here, opened or not.
+    pub fn has_store(&self, id: PartitionId) -> bool {
+        self.db_of(id).is_some() || lock(&self.unopened).contains_key(&id)
     }
 
     /// The database holding partition `id`'s column family: its own, or the shared one of an
@@ -319,7 +378,9 @@ impl PartitionStoreManager {
     ) -> Result<PartitionStore> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let dir = self.path.join(format!("{DIR_PREFIX}{id}.{generation}"));
-        let db = match DB::open(&db_options(), &dir) {
+        let mut options = db_options();
+        options.create_if_missing(true);
+        let db = match DB::open(&options, &dir) {
             Ok(db) => db,
             Err(source) => {
                 // A full disk, say: nothing of it is worth keeping.
@@ -358,6 +419,12 @@ impl PartitionStoreManager {
         if let Some(store) = self.partition(id) {
             return Ok(store);
         }
+        if let Some(source) = self.unopened(id) {
+            return Err(Error::NotOpened {
+                partition: id,
+                source,
+            });
+        }
         let options = self.new_cf_options(id);
         self.create_own(id, |db| {
             db.create_cf(cf_name(id), &options)
@@ -381,7 +448,7 @@ impl PartitionStoreManager {
         files: &[ExportedFile],
     ) -> Result<PartitionStore> {
         let _changing = lock(&self.changing);
-        if self.partition(id).is_some() {
+        if self.has_store(id) {
             return Err(Error::AlreadyExists(id));
         }
         let mut metadata = rust_rocksdb::ExportImportFilesMetaData::default();
@@ -408,12 +475,16 @@ impl PartitionStoreManager {
     pub fn drop_partition(&self, id: PartitionId) -> Result<()> {
         let _changing = lock(&self.changing);
         let own = lock(&self.own).remove(&id);
+        let unopened = lock(&self.unopened).remove(&id);
         let in_shared = self
             .shared
             .as_ref()
             .filter(|shared| shared.cf_handle(&cf_name(id)).is_some());
-        if own.is_none() && in_shared.is_none() {
+        if own.is_none() && unopened.is_none() && in_shared.is_none() {
             return Err(Error::UnknownPartition(id));
+        }
+        if let Some((dir, _)) = unopened {
+            remove_dropped(&self.path, &dir)?;
         }
         if let Some(OwnDb { db, dir }) = own {
             // Dropped first, so that nothing of it is flushed as background work stops (RocksDB
@@ -471,9 +542,10 @@ impl PartitionStoreManager {
         shared.write_opt(&batch, &options).map_err(rocks("write"))
     }
 
-    /// Partitions that have a store here, in id order.
+    /// Partitions that have a store here (opened or not), in id order.
     pub fn partitions(&self) -> Vec<PartitionId> {
         let mut ids: Vec<PartitionId> = lock(&self.own).keys().copied().collect();
+        ids.extend(lock(&self.unopened).keys().copied());
         if self.shared.is_some() {
             ids.extend(
                 DB::list_cf(&Options::default(), &self.path)
@@ -489,14 +561,23 @@ impl PartitionStoreManager {
     }
 }
 
-/// Whether the folder of partition `id`'s database is one whose creation a crash cut short: a
-/// database that RocksDB had not finished creating (no `CURRENT`), or one without the
-/// partition's column family yet. Neither can hold any of the partition's data.
-fn cut_short(dir: &Path, id: PartitionId) -> std::result::Result<bool, rust_rocksdb::Error> {
+/// Whether the folder of partition `id`'s database holds none of the partition's data: a
+/// database whose creation a crash cut short (RocksDB writes `CURRENT` last when it creates one,
+/// before any table or later description), or one without the partition's column family (not
+/// created yet, or dropped before a crash cut the drop short). A folder that lost its `CURRENT`
+/// but holds tables or a later description was a database: that is damage, which the open
+/// reports and nothing deletes; so is a description that cannot be read.
+fn holds_no_store(dir: &Path, id: PartitionId) -> bool {
     if !dir.join("CURRENT").exists() {
-        return Ok(true);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        return entries.flatten().all(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            !name.ends_with(".sst") && (!name.starts_with("MANIFEST-") || name == "MANIFEST-000001")
+        });
     }
-    Ok(!DB::list_cf(&db_options(), dir)?.contains(&cf_name(id)))
+    DB::list_cf(&db_options(), dir).is_ok_and(|names| !names.contains(&cf_name(id)))
 }
 
 /// Renames a partition's folder out of the way, then deletes it; a crash in between leaves a
@@ -505,9 +586,14 @@ fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
     let mut dropped = dir.as_os_str().to_owned();
     dropped.push(DROPPED_SUFFIX);
     let dropped = PathBuf::from(dropped);
-    std::fs::rename(dir, &dropped).map_err(io("move a dropped partition store aside"))?;
-    sync_dir(store_dir).map_err(io("move a dropped partition store aside"))?;
-    std::fs::remove_dir_all(&dropped).map_err(io("remove a dropped partition store"))
+    match std::fs::rename(dir, &dropped) {
+        Ok(()) => {}
+        // Moved away already (by an operator keeping the files of a store that cannot be opened).
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(io_at("move a dropped partition store aside", dir)(err)),
+    }
+    sync_dir(store_dir).map_err(io_at("move a dropped partition store aside", dir))?;
+    std::fs::remove_dir_all(&dropped).map_err(io_at("remove a dropped partition store", &dropped))
 }
 
 /// A lock whose data stays consistent if a holder panicked: every map here is changed one whole
@@ -1556,7 +1642,9 @@ mod tests {
         std::fs::create_dir(&no_database).unwrap();
         std::fs::write(no_database.join("MANIFEST-000001"), b"").unwrap();
         let no_column_family = dir.path().join("partition-3.6");
-        drop(DB::open(&db_options(), &no_column_family).unwrap());
+        let mut options = db_options();
+        options.create_if_missing(true);
+        drop(DB::open(&options, &no_column_family).unwrap());
 
         let manager = open(dir.path());
         assert_eq!(manager.partitions(), vec![PartitionId(1)]);
@@ -1571,6 +1659,87 @@ mod tests {
         );
     }
 
+    /// A store that lost its `CURRENT` but holds tables is damaged, not a creation cut short:
+    /// nothing deletes it, and its partition is left out until it is dropped. A file with a
+    /// partition folder's name is passed over, and a dropped one's generation is not used again.
+    #[test]
+    fn a_store_that_lost_current_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(7)).unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"k", b"v", None);
+        store.commit(batch).unwrap();
+        store.flush().unwrap();
+        let folder = manager.partition_dir(PartitionId(7)).unwrap();
+        drop((store, manager));
+        std::fs::remove_file(folder.join("CURRENT")).unwrap();
+        std::fs::write(dir.path().join("partition-3.40"), b"not a folder").unwrap();
+        std::fs::create_dir(dir.path().join("partition-2.50.dropped")).unwrap();
+
+        let manager = open(dir.path());
+        assert!(folder.exists(), "the tables are still there");
+        assert!(manager.partition(PartitionId(7)).is_none());
+        let why = manager.unopened(PartitionId(7)).unwrap();
+        assert!(why.is_damaged(), "{why}");
+        assert!(dir.path().join("partition-3.40").exists());
+        assert!(!dir.path().join("partition-2.50.dropped").exists());
+        manager.open_or_create_partition(PartitionId(2)).unwrap();
+        assert_eq!(
+            manager.partition_dir(PartitionId(2)).unwrap(),
+            dir.path().join("partition-2.51")
+        );
+    }
+
+    /// A partition whose database cannot be opened (its description is gone) leaves the other
+    /// partitions open; it still has a store, which nothing replaces until it is dropped.
+    #[test]
+    fn a_database_that_cannot_be_opened_keeps_only_its_partition_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        for id in [PartitionId(1), PartitionId(2)] {
+            let store = manager.open_or_create_partition(id).unwrap();
+            let mut batch = store.write_batch();
+            batch.put(b"k", b"v", None);
+            store.commit(batch).unwrap();
+        }
+        let damaged = manager.partition_dir(PartitionId(2)).unwrap();
+        drop(manager);
+        for file in std::fs::read_dir(&damaged).unwrap() {
+            let path = file.unwrap().path();
+            if path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("MANIFEST")
+            {
+                std::fs::remove_file(path).unwrap();
+            }
+        }
+
+        let manager = open(dir.path());
+        let one = manager.partition(PartitionId(1)).unwrap();
+        assert_eq!(&one.get(b"k").unwrap().unwrap().value[..], b"v");
+        assert!(manager.partition(PartitionId(2)).is_none());
+        assert!(manager.has_store(PartitionId(2)));
+        let why = manager.unopened(PartitionId(2)).unwrap();
+        assert!(why.is_damaged(), "{why}");
+        assert_eq!(why.path(), Some(damaged.to_str().unwrap()));
+        assert!(matches!(
+            manager.open_or_create_partition(PartitionId(2)),
+            Err(Error::NotOpened { .. })
+        ));
+        assert!(matches!(
+            manager.import_partition(PartitionId(2), dir.path(), "", &[]),
+            Err(Error::AlreadyExists(_))
+        ));
+
+        manager.drop_partition(PartitionId(2)).unwrap();
+        assert!(!damaged.exists());
+        let two = manager.open_or_create_partition(PartitionId(2)).unwrap();
+        assert_eq!(two.get(b"k").unwrap(), None);
+    }
+
     /// A store written when every partition was a column family of one database opens and
     /// serves as it is; a partition dropped and imported again gets a database of its own, and
     /// new partitions get one from the start.
@@ -1578,7 +1747,9 @@ mod tests {
     fn a_store_of_one_database_for_every_partition_still_serves() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = DB::open_cf(&db_options(), dir.path(), ["data-4", "data-6"]).unwrap();
+            let mut options = db_options();
+            options.create_if_missing(true);
+            let db = DB::open_cf(&options, dir.path(), ["data-4", "data-6"]).unwrap();
             for name in ["data-4", "data-6"] {
                 let cf = db.cf_handle(name).unwrap();
                 let (mut key, mut value) = (Vec::new(), Vec::new());

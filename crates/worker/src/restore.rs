@@ -386,7 +386,7 @@ fn import(
 ) -> Result<std::result::Result<(), Refusal>> {
     // Drop first, then mark: the mark must only ever stand for a column family that may be
     // partial, never for the old, complete store.
-    if stores.partition(partition).is_some() {
+    if stores.has_store(partition) {
         stores
             .drop_partition(partition)
             .map_err(|e| restore_error(partition, "drop the old store", e))?;
@@ -394,7 +394,7 @@ fn import(
     write_synced(marker, metadata.snapshot_id.to_string().as_bytes())
         .map_err(|e| restore_error(partition, "mark the import", e))?;
     let refused = |reason: String| -> Result<std::result::Result<(), Refusal>> {
-        if stores.partition(partition).is_some() {
+        if stores.has_store(partition) {
             stores
                 .drop_partition(partition)
                 .map_err(|e| restore_error(partition, "drop a refused import", e))?;
@@ -485,7 +485,7 @@ pub fn repair_interrupted_restore(
     let marker = marker_path(staging_root, partition);
     let interrupted = marker.exists();
     if interrupted {
-        if stores.partition(partition).is_some() {
+        if stores.has_store(partition) {
             stores
                 .drop_partition(partition)
                 .map_err(|e| restore_error(partition, "drop a partially imported store", e))?;
