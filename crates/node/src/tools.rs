@@ -14,8 +14,9 @@ use cairn_types::{Lsn, PartitionId};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DroppedPartition {
     pub partition: PartitionId,
-    /// The last log record the dropped store had applied.
-    pub applied_lsn: Lsn,
+    /// The last log record the dropped store had applied; `None` for a store that could not
+    /// be opened.
+    pub applied_lsn: Option<Lsn>,
 }
 
 /// Drops one partition's local store (its RocksDB database) from the base dir of a stopped
@@ -61,8 +62,7 @@ pub fn drop_partition(
     // rebuilding it from the log takes.
     let applied_lsn = stores
         .partition(partition)
-        .and_then(|store| store.applied_lsn().ok())
-        .unwrap_or(Lsn::ZERO);
+        .and_then(|store| store.applied_lsn().ok());
     if !force {
         recoverable(config, partition)?;
     }

@@ -63,6 +63,16 @@ pub enum Error {
     AlreadyExists(cairn_types::PartitionId),
     #[error("partition {0} has no store here")]
     UnknownPartition(cairn_types::PartitionId),
+    /// A partition's folder holds table files, but its database's description lists no column
+    /// family of the partition: the description is damaged or cut short (RocksDB reads such a
+    /// description up to where it breaks, and opening the database would delete the tables it
+    /// no longer lists).
+    #[error(
+        "open partition store at {path}: its description (MANIFEST) lists no column family \
+         {column_family} though the folder holds table files: the description is damaged or cut \
+         short"
+    )]
+    NoColumnFamily { path: String, column_family: String },
     /// The partition's store is there but could not be opened; `source` says why.
     #[error("partition {partition}'s store could not be opened: {source}")]
     NotOpened {
@@ -124,7 +134,7 @@ impl Error {
                     || (source.kind() == rust_rocksdb::ErrorKind::IOError
                         && source.as_ref().contains("No such file or directory"))
             }
-            Error::DamagedTable { .. } => true,
+            Error::DamagedTable { .. } | Error::NoColumnFamily { .. } => true,
             Error::NotOpened { source, .. } => source.is_damaged(),
             _ => false,
         }
@@ -133,7 +143,7 @@ impl Error {
     /// The folder of the database that could not be opened.
     pub fn path(&self) -> Option<&str> {
         match self {
-            Error::Open { path, .. } => Some(path),
+            Error::Open { path, .. } | Error::NoColumnFamily { path, .. } => Some(path),
             Error::NotOpened { source, .. } => source.path(),
             _ => None,
         }

@@ -132,11 +132,17 @@ const DIR_PREFIX: &str = "partition-";
 /// What a dropped partition's folder is renamed to before it is deleted, so that a crash in the
 /// middle of the deletion leaves nothing that looks like a store.
 const DROPPED_SUFFIX: &str = ".dropped";
+/// A file in a partition's folder that says it is being dropped: written before anything of the
+/// database is changed, so that the next open finishes a drop that a crash cut short.
+const DROPPING: &str = "DROPPING";
 
-/// The partition and generation of a partition folder's name (`partition-3.12`).
+/// The partition and generation of a partition folder's name (`partition-3.12`), written as this
+/// store writes them: `partition-03.12` is not one.
 fn parse_dir_name(name: &str) -> Option<(PartitionId, u64)> {
     let (id, generation) = name.strip_prefix(DIR_PREFIX)?.split_once('.')?;
-    Some((PartitionId(id.parse().ok()?), generation.parse().ok()?))
+    let (parsed_id, parsed_generation) = (id.parse::<u16>().ok()?, generation.parse::<u64>().ok()?);
+    (parsed_id.to_string() == id && parsed_generation.to_string() == generation)
+        .then_some((PartitionId(parsed_id), parsed_generation))
 }
 
 /// Options of every database of the store.
@@ -254,12 +260,21 @@ impl PartitionStoreManager {
                 tracing::warn!(path = %entry_path.display(), "not a folder: passed over, though its name is that of a partition store");
                 continue;
             }
+            if entry_path.join(DROPPING).exists() {
+                tracing::warn!(
+                    partition = %id,
+                    path = %entry_path.display(),
+                    "removing a partition store whose drop a crash cut short"
+                );
+                remove_dropped(path, &entry_path)?;
+                continue;
+            }
             if holds_no_store(&entry_path, id) {
                 tracing::warn!(
                     partition = %id,
                     path = %entry_path.display(),
                     "removing a partition store's folder that holds none of its data (its creation \
-                     or its drop was cut short)"
+                     was cut short)"
                 );
                 remove_dropped(path, &entry_path)?;
                 continue;
@@ -275,10 +290,20 @@ impl PartitionStoreManager {
         let mut own = HashMap::new();
         let mut unopened = HashMap::new();
         for (id, dir) in found {
-            let opened = DB::list_cf(&db_options(), &dir).and_then(|names| {
-                DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
-            });
-            match opened.map_err(open_err(&dir)) {
+            let opened = DB::list_cf(&db_options(), &dir)
+                .map_err(open_err(&dir))
+                .and_then(|names| {
+                    // Opened without its column family, RocksDB would delete its tables.
+                    if !names.contains(&cf_name(id)) {
+                        return Err(Error::NoColumnFamily {
+                            path: dir.display().to_string(),
+                            column_family: cf_name(id),
+                        });
+                    }
+                    DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
+                        .map_err(open_err(&dir))
+                });
+            match opened {
                 Ok(db) => {
                     own.insert(
                         id,
@@ -487,9 +512,15 @@ impl PartitionStoreManager {
             remove_dropped(&self.path, &dir)?;
         }
         if let Some(OwnDb { db, dir }) = own {
-            // Dropped first, so that nothing of it is flushed as background work stops (RocksDB
-            // flushes what it holds in memory when it stops). A database that RocksDB stopped
-            // may refuse the drop: its folder goes all the same.
+            // The intent first, durably: from here on a crash leaves a folder that the next open
+            // deletes. Then the column family is dropped before background work stops, so that
+            // nothing of it is flushed (RocksDB flushes what it holds in memory when it stops);
+            // a database that RocksDB stopped may refuse the drop, and goes all the same.
+            let mark = dir.join(DROPPING);
+            std::fs::File::create(&mark)
+                .and_then(|file| file.sync_all())
+                .and_then(|()| sync_dir(&dir))
+                .map_err(io_at("mark a partition store as being dropped", &mark))?;
             if let Err(error) = db.drop_cf(&cf_name(id)) {
                 tracing::warn!(partition = %id, %error, "drop the column family of a partition store being removed");
             }
@@ -562,38 +593,57 @@ impl PartitionStoreManager {
 }
 
 /// Whether the folder of partition `id`'s database holds none of the partition's data: a
-/// database whose creation a crash cut short (RocksDB writes `CURRENT` last when it creates one,
-/// before any table or later description), or one without the partition's column family (not
-/// created yet, or dropped before a crash cut the drop short). A folder that lost its `CURRENT`
-/// but holds tables or a later description was a database: that is damage, which the open
-/// reports and nothing deletes; so is a description that cannot be read.
+/// database whose creation a crash cut short. RocksDB writes `CURRENT` last when it creates a
+/// database, before any table or later description; the partition's column family comes after
+/// that, and its tables after the column family. So a folder with no table file and either no
+/// `CURRENT` (nor any description but the first) or no column family of the partition holds
+/// nothing. Anything else that cannot be opened is damage, which the open reports and nothing
+/// deletes: a folder that lost its `CURRENT` or its description but holds tables, a description
+/// cut short (RocksDB then lists the column families it got to), a store under another
+/// partition's name.
 fn holds_no_store(dir: &Path, id: PartitionId) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let names: Vec<String> = entries
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.iter().any(|name| name.ends_with(".sst")) {
+        return false;
+    }
     if !dir.join("CURRENT").exists() {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return false;
-        };
-        return entries.flatten().all(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            !name.ends_with(".sst") && (!name.starts_with("MANIFEST-") || name == "MANIFEST-000001")
-        });
+        return names
+            .iter()
+            .all(|name| !name.starts_with("MANIFEST-") || name == "MANIFEST-000001");
     }
     DB::list_cf(&db_options(), dir).is_ok_and(|names| !names.contains(&cf_name(id)))
 }
 
-/// Renames a partition's folder out of the way, then deletes it; a crash in between leaves a
-/// folder that the next open deletes.
-fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
+/// Renames a partition's folder out of the way (durably), to the name that the next open deletes;
+/// `None` if it is gone already (moved away by an operator keeping the files of a store that
+/// cannot be opened).
+fn move_aside(store_dir: &Path, dir: &Path) -> Result<Option<PathBuf>> {
     let mut dropped = dir.as_os_str().to_owned();
     dropped.push(DROPPED_SUFFIX);
     let dropped = PathBuf::from(dropped);
     match std::fs::rename(dir, &dropped) {
         Ok(()) => {}
-        // Moved away already (by an operator keeping the files of a store that cannot be opened).
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) => return Err(io_at("move a dropped partition store aside", dir)(err)),
     }
     sync_dir(store_dir).map_err(io_at("move a dropped partition store aside", dir))?;
-    std::fs::remove_dir_all(&dropped).map_err(io_at("remove a dropped partition store", &dropped))
+    Ok(Some(dropped))
+}
+
+/// Renames a partition's folder out of the way, then deletes it; a crash in between leaves a
+/// folder that the next open deletes.
+fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
+    match move_aside(store_dir, dir)? {
+        Some(dropped) => std::fs::remove_dir_all(&dropped)
+            .map_err(io_at("remove a dropped partition store", &dropped)),
+        None => Ok(()),
+    }
 }
 
 /// A lock whose data stays consistent if a holder panicked: every map here is changed one whole
@@ -1689,6 +1739,90 @@ mod tests {
             manager.partition_dir(PartitionId(2)).unwrap(),
             dir.path().join("partition-2.51")
         );
+    }
+
+    /// A drop that a crash cut short after it began to change the database (the folder marked,
+    /// its column family dropped, tables left behind) is finished by the next open.
+    #[test]
+    fn a_drop_cut_short_after_the_mark_is_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(6)).unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"k", b"v", None);
+        store.commit(batch).unwrap();
+        store.flush().unwrap();
+        let folder = manager.partition_dir(PartitionId(6)).unwrap();
+        drop((store, manager));
+        std::fs::write(folder.join(DROPPING), b"").unwrap();
+
+        let manager = open(dir.path());
+        assert!(!folder.exists());
+        assert!(!manager.has_store(PartitionId(6)));
+    }
+
+    /// A description cut short (RocksDB then lists only the column families it got to) and a
+    /// store under another partition's name are damage: kept, never deleted. A name not written
+    /// as this store writes them (`partition-03.…`) is passed over.
+    #[test]
+    fn a_store_whose_description_is_cut_short_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        for id in [PartitionId(3), PartitionId(4)] {
+            let store = manager.open_or_create_partition(id).unwrap();
+            let mut batch = store.write_batch();
+            batch.put(b"k", b"v", None);
+            store.commit(batch).unwrap();
+            store.flush().unwrap();
+        }
+        let three = manager.partition_dir(PartitionId(3)).unwrap();
+        let four = manager.partition_dir(PartitionId(4)).unwrap();
+        drop(manager);
+        for file in std::fs::read_dir(&three).unwrap() {
+            let path = file.unwrap().path();
+            if path
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("MANIFEST")
+            {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(150)
+                    .unwrap();
+            }
+        }
+        let renamed = dir.path().join("partition-9.90");
+        std::fs::rename(&four, &renamed).unwrap();
+        let zero = dir.path().join("partition-05.91");
+        std::fs::create_dir(&zero).unwrap();
+
+        let tables = |folder: &Path| {
+            std::fs::read_dir(folder)
+                .unwrap()
+                .filter(|f| {
+                    f.as_ref()
+                        .unwrap()
+                        .path()
+                        .extension()
+                        .is_some_and(|e| e == "sst")
+                })
+                .count()
+        };
+        let before = (tables(&three), tables(&renamed));
+        let manager = open(dir.path());
+        assert!(three.exists() && renamed.exists() && zero.exists());
+        assert_eq!(
+            (tables(&three), tables(&renamed)),
+            before,
+            "no table was deleted"
+        );
+        assert!(before.0 > 0 && before.1 > 0);
+        assert!(manager.unopened(PartitionId(3)).is_some());
+        assert!(manager.unopened(PartitionId(9)).is_some());
+        assert!(!manager.has_store(PartitionId(5)));
     }
 
     /// A partition whose database cannot be opened (its description is gone) leaves the other

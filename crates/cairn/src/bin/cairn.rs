@@ -124,10 +124,17 @@ fn run_tool(
                 cairn_node::PartitionId(partition_id),
                 force,
             )?;
-            println!(
-                "Dropped the store of partition {} (it had applied the log up to LSN {})",
-                dropped.partition, dropped.applied_lsn
-            );
+            match dropped.applied_lsn {
+                Some(lsn) => println!(
+                    "Dropped the store of partition {} (it had applied the log up to LSN {lsn})",
+                    dropped.partition
+                ),
+                None => println!(
+                    "Dropped the store of partition {} (it could not be opened, so how far it had \
+                     applied the log is not known)",
+                    dropped.partition
+                ),
+            }
             Ok(())
         }
     }
