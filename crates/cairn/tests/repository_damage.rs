@@ -621,8 +621,6 @@ async fn snapshot_between(base: &Path, first: &[String], later: &[String]) -> St
     id
 }
 
-/// Flips a bit in the middle of the largest table file of the store in `base` (the server
-/// stopped): partition 0's, when its keys are the only data. Returns the file's name.
 /// The folder of partition `id`'s database in the store of `base`.
 fn partition_folder(base: &Path, id: u16) -> std::path::PathBuf {
     std::fs::read_dir(base.join("db"))
@@ -636,6 +634,8 @@ fn partition_folder(base: &Path, id: u16) -> std::path::PathBuf {
         .expect("the partition's folder")
 }
 
+/// Flips a bit in the middle of the largest table file of partition 0's store in `base` (the
+/// server stopped). Returns the file's name.
 fn damage_the_largest_table(base: &Path) -> String {
     let table = std::fs::read_dir(partition_folder(base, 0))
         .unwrap()

@@ -629,7 +629,7 @@ async fn open_storage(
                 // RocksDB writes at open (it recovers its write-ahead file into a table).
                 let full = err.is_disk_full();
                 let out_of_files = err.is_out_of_files();
-                let damaged = err.is_damaged().then(|| store_damaged(&db_dir, &err));
+                let damaged = err.is_damaged();
                 let err = anyhow::Error::new(err);
                 if out_of_files {
                     err.context(
@@ -644,8 +644,8 @@ async fn open_storage(
                          space on it, then start the node again",
                         db_dir.display()
                     ))
-                } else if let Some(damaged) = damaged {
-                    err.context(damaged)
+                } else if damaged {
+                    err.context(store_damaged(&db_dir))
                 } else {
                     err.context("open the partition store")
                 }
@@ -658,25 +658,17 @@ async fn open_storage(
 }
 
 /// What to do about a partition store that RocksDB cannot open because a file of it is damaged
-/// or gone: move the database that failed away (one partition's folder, or the whole store's of
-/// an older store that keeps every partition in one database).
-pub(crate) fn store_damaged(db_dir: &Path, err: &cairn_partition_store::Error) -> String {
-    let folder = err
-        .path()
-        .map_or_else(|| db_dir.to_path_buf(), PathBuf::from);
-    let whose = if folder == db_dir {
-        "each partition"
-    } else {
-        "the partition"
-    };
+/// or gone. (A partition's own database that cannot be opened keeps only that partition down;
+/// this is the one database an older store keeps every partition in.)
+pub(crate) fn store_damaged(db_dir: &Path) -> String {
     format!(
         "cannot open the partition store: a file of it is damaged or missing (see below). The \
          store is rebuilt from the snapshots and the logs: move {} away (keep it until the node \
-         serves again) and start the node; {whose} then restores its newest snapshot \
+         serves again) and start the node; each partition then restores its newest snapshot \
          (with snapshot-restore-policy = \"on-init\", or where its log was trimmed) and replays \
          its log. A partition whose log was trimmed past every snapshot it has cannot be \
          rebuilt so: put the folder back from a backup instead",
-        folder.display()
+        db_dir.display()
     )
 }
 

@@ -42,12 +42,10 @@ pub fn drop_partition(
         lock_base_dir(base_dir).context("the node must be stopped to drop a partition's store")?;
     let db_dir = base_dir.join("db");
     let stores = PartitionStoreManager::open(&db_dir, &StoreOptions::default()).map_err(|err| {
-        let damaged = err
-            .is_damaged()
-            .then(|| crate::node::store_damaged(&db_dir, &err));
+        let damaged = err.is_damaged();
         let err = anyhow::Error::new(err);
-        if let Some(damaged) = damaged {
-            err.context(damaged)
+        if damaged {
+            err.context(crate::node::store_damaged(&db_dir))
         } else {
             err.context("open the partition store")
         }

@@ -155,8 +155,7 @@ impl Error {
             Error::RocksDb { source, .. } | Error::Open { source, .. } => {
                 source.as_ref().contains("Too many open files")
             }
-            Error::Io { source, .. } => source.raw_os_error() == Some(24),
-            Error::NotOpened { source, .. } => source.is_out_of_files(),
+            Error::Io { source, .. } => source.to_string().contains("Too many open files"),
             _ => false,
         }
     }
@@ -171,7 +170,6 @@ impl Error {
                     && source.as_ref().contains("No space left on device")
             }
             Error::Io { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
-            Error::NotOpened { source, .. } => source.is_disk_full(),
             _ => false,
         }
     }

@@ -97,11 +97,8 @@ pub struct PartitionStoreManager {
     options: StoreOptions,
     /// The one block cache of every partition's tables, `options.block_cache_bytes` in all.
     block_cache: rust_rocksdb::Cache,
-    /// Each partition's own database.
+    /// Each partition's own database, opened or not.
     own: Mutex<HashMap<PartitionId, OwnDb>>,
-    /// Partitions whose database could not be opened because a file of it is damaged or
-    /// missing: their folder and why. They have a store, which nothing uses until it is dropped.
-    unopened: Mutex<HashMap<PartitionId, (PathBuf, Arc<Error>)>>,
     /// The database that held every partition before they had one each, if this store has one.
     shared: Option<Arc<DB>>,
     /// Creating, importing and dropping a partition's store, one at a time.
@@ -115,8 +112,18 @@ pub struct PartitionStoreManager {
 
 /// A partition's own database and its folder.
 struct OwnDb {
-    db: Arc<DB>,
+    /// The database, or why it could not be opened (a file of it damaged or missing): such a
+    /// partition has a store, which nothing uses until it is dropped.
+    db: std::result::Result<Arc<DB>, Arc<Error>>,
     dir: PathBuf,
+}
+
+/// What the open finds in a partition's folder.
+enum Found {
+    /// None of the partition's data: a creation or a drop that a crash cut short, and why.
+    Leftover(&'static str),
+    /// A store: its column families, or why they cannot be listed.
+    Store(Result<Vec<String>>),
 }
 
 pub(crate) fn cf_name(id: PartitionId) -> String {
@@ -227,7 +234,7 @@ impl PartitionStoreManager {
             None
         };
 
-        let mut found: HashMap<PartitionId, PathBuf> = HashMap::new();
+        let mut found: HashMap<PartitionId, (PathBuf, Result<Vec<String>>)> = HashMap::new();
         let mut next_generation = 0;
         // Listed whole first: the loop renames and removes folders.
         let entries = std::fs::read_dir(path)
@@ -260,74 +267,49 @@ impl PartitionStoreManager {
                 tracing::warn!(path = %entry_path.display(), "not a folder: passed over, though its name is that of a partition store");
                 continue;
             }
-            if entry_path.join(DROPPING).exists() {
-                tracing::warn!(
-                    partition = %id,
-                    path = %entry_path.display(),
-                    "removing a partition store whose drop a crash cut short"
-                );
-                remove_dropped(path, &entry_path)?;
-                continue;
-            }
-            if holds_no_store(&entry_path, id) {
-                tracing::warn!(
-                    partition = %id,
-                    path = %entry_path.display(),
-                    "removing a partition store's folder that holds none of its data (its creation \
-                     was cut short)"
-                );
-                remove_dropped(path, &entry_path)?;
-                continue;
-            }
-            if let Some(other) = found.insert(id, entry.path()) {
+            let listed = match survey(&entry_path, id) {
+                Found::Leftover(why) => {
+                    tracing::warn!(
+                        partition = %id,
+                        path = %entry_path.display(),
+                        "removing a partition store's folder that holds none of its data: {why}"
+                    );
+                    remove_dropped(path, &entry_path)?;
+                    continue;
+                }
+                Found::Store(listed) => listed,
+            };
+            if let Some((other, _)) = found.insert(id, (entry_path.clone(), listed)) {
                 return Err(Error::TwoStores {
                     partition: id,
                     first: other.display().to_string(),
-                    second: entry.path().display().to_string(),
+                    second: entry_path.display().to_string(),
                 });
             }
         }
         let mut own = HashMap::new();
-        let mut unopened = HashMap::new();
-        for (id, dir) in found {
-            let opened = DB::list_cf(&db_options(), &dir)
-                .map_err(open_err(&dir))
-                .and_then(|names| {
-                    // Opened without its column family, RocksDB would delete its tables.
-                    if !names.contains(&cf_name(id)) {
-                        return Err(Error::NoColumnFamily {
-                            path: dir.display().to_string(),
-                            column_family: cf_name(id),
-                        });
-                    }
-                    DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
-                        .map_err(open_err(&dir))
-                });
-            match opened {
-                Ok(db) => {
-                    own.insert(
-                        id,
-                        OwnDb {
-                            db: Arc::new(db),
-                            dir,
-                        },
-                    );
-                }
+        for (id, (dir, listed)) in found {
+            let opened = listed.and_then(|names| {
+                DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
+                    .map_err(open_err(&dir))
+            });
+            let db = match opened {
+                Ok(db) => Ok(Arc::new(db)),
                 // A damaged database keeps its partition down, not the node. Anything else (a
                 // full disk, too many open files) is the node's to fix, and stops it here.
                 Err(err) if err.is_damaged() => {
                     tracing::error!(partition = %id, "cannot open the partition's store: {err}");
-                    unopened.insert(id, (dir, Arc::new(err)));
+                    Err(Arc::new(err))
                 }
                 Err(err) => return Err(err),
-            }
+            };
+            own.insert(id, OwnDb { db, dir });
         }
         Ok(PartitionStoreManager {
             path: path.to_path_buf(),
             options: options.clone(),
             block_cache,
             own: Mutex::new(own),
-            unopened: Mutex::new(unopened),
             shared,
             changing: Mutex::new(()),
             next_generation: AtomicU64::new(next_generation),
@@ -353,9 +335,6 @@ impl PartitionStoreManager {
         if let Some(own) = lock(&self.own).get(&id) {
             return Some(own.dir.clone());
         }
-        if let Some((dir, _)) = lock(&self.unopened).get(&id) {
-            return Some(dir.clone());
-        }
         self.db_of(id).map(|_| self.path.clone())
     }
 
@@ -363,19 +342,19 @@ impl PartitionStoreManager {
     /// store, but [`partition`](Self::partition) gives none; [`drop_partition`]
     /// (Self::drop_partition) removes it.
     pub fn unopened(&self, id: PartitionId) -> Option<Arc<Error>> {
-        lock(&self.unopened).get(&id).map(|(_, err)| err.clone())
+        lock(&self.own).get(&id)?.db.as_ref().err().cloned()
     }
 
     /// Whether partition `id` has a store here, opened or not.
     pub fn has_store(&self, id: PartitionId) -> bool {
-        self.db_of(id).is_some() || lock(&self.unopened).contains_key(&id)
+        lock(&self.own).contains_key(&id) || self.db_of(id).is_some()
     }
 
     /// The database holding partition `id`'s column family: its own, or the shared one of an
     /// older store.
     fn db_of(&self, id: PartitionId) -> Option<Arc<DB>> {
         if let Some(own) = lock(&self.own).get(&id) {
-            return Some(own.db.clone());
+            return own.db.as_ref().ok().cloned();
         }
         let shared = self.shared.as_ref()?;
         shared.cf_handle(&cf_name(id))?;
@@ -405,33 +384,29 @@ impl PartitionStoreManager {
         let dir = self.path.join(format!("{DIR_PREFIX}{id}.{generation}"));
         let mut options = db_options();
         options.create_if_missing(true);
-        let db = match DB::open(&options, &dir) {
+        let created = DB::open(&options, &dir)
+            .map_err(|source| Error::Open {
+                path: dir.display().to_string(),
+                source,
+            })
+            .and_then(|db| fill(&db).map(|()| db));
+        let db = match created {
             Ok(db) => db,
-            Err(source) => {
-                // A full disk, say: nothing of it is worth keeping.
+            Err(err) => {
+                // A full disk, say, or files RocksDB refused: nothing of it is worth keeping.
                 if dir.exists()
                     && let Err(error) = remove_dropped(&self.path, &dir)
                 {
                     tracing::warn!(path = %dir.display(), %error, "remove a partition store that could not be created");
                 }
-                return Err(Error::Open {
-                    path: dir.display().to_string(),
-                    source,
-                });
+                return Err(err);
             }
         };
-        if let Err(err) = fill(&db) {
-            drop(db);
-            if let Err(error) = remove_dropped(&self.path, &dir) {
-                tracing::warn!(path = %dir.display(), %error, "remove a partition store that could not be filled");
-            }
-            return Err(err);
-        }
         let _ = sync_dir(&self.path);
         lock(&self.own).insert(
             id,
             OwnDb {
-                db: Arc::new(db),
+                db: Ok(Arc::new(db)),
                 dir,
             },
         );
@@ -500,18 +475,17 @@ impl PartitionStoreManager {
     pub fn drop_partition(&self, id: PartitionId) -> Result<()> {
         let _changing = lock(&self.changing);
         let own = lock(&self.own).remove(&id);
-        let unopened = lock(&self.unopened).remove(&id);
         let in_shared = self
             .shared
             .as_ref()
             .filter(|shared| shared.cf_handle(&cf_name(id)).is_some());
-        if own.is_none() && unopened.is_none() && in_shared.is_none() {
+        if own.is_none() && in_shared.is_none() {
             return Err(Error::UnknownPartition(id));
         }
-        if let Some((dir, _)) = unopened {
-            remove_dropped(&self.path, &dir)?;
+        if let Some(OwnDb { db: Err(_), dir }) = &own {
+            remove_dropped(&self.path, dir)?;
         }
-        if let Some(OwnDb { db, dir }) = own {
+        if let Some(OwnDb { db: Ok(db), dir }) = own {
             // The intent first, durably: from here on a crash leaves a folder that the next open
             // deletes. Then the column family is dropped before background work stops, so that
             // nothing of it is flushed (RocksDB flushes what it holds in memory when it stops);
@@ -538,7 +512,10 @@ impl PartitionStoreManager {
 
     /// Every database of the store.
     fn databases(&self) -> Vec<Arc<DB>> {
-        let mut all: Vec<Arc<DB>> = lock(&self.own).values().map(|o| o.db.clone()).collect();
+        let mut all: Vec<Arc<DB>> = lock(&self.own)
+            .values()
+            .filter_map(|own| own.db.as_ref().ok().cloned())
+            .collect();
         all.extend(self.shared.clone());
         all
     }
@@ -576,7 +553,6 @@ impl PartitionStoreManager {
     /// Partitions that have a store here (opened or not), in id order.
     pub fn partitions(&self) -> Vec<PartitionId> {
         let mut ids: Vec<PartitionId> = lock(&self.own).keys().copied().collect();
-        ids.extend(lock(&self.unopened).keys().copied());
         if self.shared.is_some() {
             ids.extend(
                 DB::list_cf(&Options::default(), &self.path)
@@ -592,58 +568,67 @@ impl PartitionStoreManager {
     }
 }
 
-/// Whether the folder of partition `id`'s database holds none of the partition's data: a
-/// database whose creation a crash cut short. RocksDB writes `CURRENT` last when it creates a
-/// database, before any table or later description; the partition's column family comes after
-/// that, and its tables after the column family. So a folder with no table file and either no
-/// `CURRENT` (nor any description but the first) or no column family of the partition holds
-/// nothing. Anything else that cannot be opened is damage, which the open reports and nothing
-/// deletes: a folder that lost its `CURRENT` or its description but holds tables, a description
-/// cut short (RocksDB then lists the column families it got to), a store under another
-/// partition's name.
-fn holds_no_store(dir: &Path, id: PartitionId) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    let names: Vec<String> = entries
-        .flatten()
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .collect();
-    if names.iter().any(|name| name.ends_with(".sst")) {
-        return false;
+/// What partition `id`'s folder holds, without opening its database. A drop marks the folder
+/// before it changes anything, so a marked folder is a drop a crash cut short. RocksDB writes
+/// `CURRENT` last when it creates a database, before any table or later description; the
+/// partition's column family comes after that, and its tables after the column family. So a
+/// folder with no table file and either no `CURRENT` (nor any description but the first) or no
+/// column family of the partition is a creation cut short. Anything else is a store, damaged if it
+/// cannot be opened, which the open reports and nothing deletes: a folder that lost its `CURRENT`
+/// or its description but holds tables, a description cut short (RocksDB then lists the column
+/// families it got to, and opening it would delete the tables it no longer lists), a store under
+/// another partition's name.
+fn survey(dir: &Path, id: PartitionId) -> Found {
+    const CREATION: &str = "its creation was cut short";
+    if dir.join(DROPPING).exists() {
+        return Found::Leftover("its drop was cut short");
     }
-    if !dir.join("CURRENT").exists() {
-        return names
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let has_tables = names.iter().any(|name| name.ends_with(".sst"));
+    if !has_tables
+        && !dir.join("CURRENT").exists()
+        && names
             .iter()
-            .all(|name| !name.starts_with("MANIFEST-") || name == "MANIFEST-000001");
+            .all(|name| !name.starts_with("MANIFEST-") || name == "MANIFEST-000001")
+    {
+        return Found::Leftover(CREATION);
     }
-    DB::list_cf(&db_options(), dir).is_ok_and(|names| !names.contains(&cf_name(id)))
+    let path = || dir.display().to_string();
+    match DB::list_cf(&db_options(), dir) {
+        Ok(families) if families.contains(&cf_name(id)) => Found::Store(Ok(families)),
+        Ok(_) if !has_tables => Found::Leftover(CREATION),
+        Ok(_) => Found::Store(Err(Error::NoColumnFamily {
+            path: path(),
+            column_family: cf_name(id),
+        })),
+        Err(source) => Found::Store(Err(Error::Open {
+            path: path(),
+            source,
+        })),
+    }
 }
 
-/// Renames a partition's folder out of the way (durably), to the name that the next open deletes;
-/// `None` if it is gone already (moved away by an operator keeping the files of a store that
-/// cannot be opened).
-fn move_aside(store_dir: &Path, dir: &Path) -> Result<Option<PathBuf>> {
+/// Renames a partition's folder out of the way (durably), to a name that the next open deletes,
+/// then deletes it. A folder already gone (moved away by an operator keeping the files of a store
+/// that cannot be opened) is left to them.
+fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
     let mut dropped = dir.as_os_str().to_owned();
     dropped.push(DROPPED_SUFFIX);
     let dropped = PathBuf::from(dropped);
     match std::fs::rename(dir, &dropped) {
         Ok(()) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(io_at("move a dropped partition store aside", dir)(err)),
     }
     sync_dir(store_dir).map_err(io_at("move a dropped partition store aside", dir))?;
-    Ok(Some(dropped))
-}
-
-/// Renames a partition's folder out of the way, then deletes it; a crash in between leaves a
-/// folder that the next open deletes.
-fn remove_dropped(store_dir: &Path, dir: &Path) -> Result<()> {
-    match move_aside(store_dir, dir)? {
-        Some(dropped) => std::fs::remove_dir_all(&dropped)
-            .map_err(io_at("remove a dropped partition store", &dropped)),
-        None => Ok(()),
-    }
+    std::fs::remove_dir_all(&dropped).map_err(io_at("remove a dropped partition store", &dropped))
 }
 
 /// A lock whose data stays consistent if a holder panicked: every map here is changed one whole
@@ -1209,6 +1194,31 @@ mod tests {
         PartitionStoreManager::open(dir, &StoreOptions::default()).unwrap()
     }
 
+    /// Partition `id`'s store, holding `k` → `v`: in a table file if `flush`, else in memory.
+    fn with_one_key(manager: &PartitionStoreManager, id: PartitionId, flush: bool) {
+        let store = manager.open_or_create_partition(id).unwrap();
+        let mut batch = store.write_batch();
+        batch.put(b"k", b"v", None);
+        store.commit(batch).unwrap();
+        if flush {
+            store.flush().unwrap();
+        }
+    }
+
+    /// The files of `folder` whose names start with `prefix`.
+    fn files_named(folder: &Path, prefix: &str) -> Vec<PathBuf> {
+        std::fs::read_dir(folder)
+            .unwrap()
+            .map(|file| file.unwrap().path())
+            .filter(|path| {
+                path.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(prefix)
+            })
+            .collect()
+    }
+
     #[test]
     fn data_and_variables_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -1716,13 +1726,9 @@ mod tests {
     fn a_store_that_lost_current_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let manager = open(dir.path());
-        let store = manager.open_or_create_partition(PartitionId(7)).unwrap();
-        let mut batch = store.write_batch();
-        batch.put(b"k", b"v", None);
-        store.commit(batch).unwrap();
-        store.flush().unwrap();
+        with_one_key(&manager, PartitionId(7), true);
         let folder = manager.partition_dir(PartitionId(7)).unwrap();
-        drop((store, manager));
+        drop(manager);
         std::fs::remove_file(folder.join("CURRENT")).unwrap();
         std::fs::write(dir.path().join("partition-3.40"), b"not a folder").unwrap();
         std::fs::create_dir(dir.path().join("partition-2.50.dropped")).unwrap();
@@ -1747,13 +1753,9 @@ mod tests {
     fn a_drop_cut_short_after_the_mark_is_finished() {
         let dir = tempfile::tempdir().unwrap();
         let manager = open(dir.path());
-        let store = manager.open_or_create_partition(PartitionId(6)).unwrap();
-        let mut batch = store.write_batch();
-        batch.put(b"k", b"v", None);
-        store.commit(batch).unwrap();
-        store.flush().unwrap();
+        with_one_key(&manager, PartitionId(6), true);
         let folder = manager.partition_dir(PartitionId(6)).unwrap();
-        drop((store, manager));
+        drop(manager);
         std::fs::write(folder.join(DROPPING), b"").unwrap();
 
         let manager = open(dir.path());
@@ -1769,30 +1771,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let manager = open(dir.path());
         for id in [PartitionId(3), PartitionId(4)] {
-            let store = manager.open_or_create_partition(id).unwrap();
-            let mut batch = store.write_batch();
-            batch.put(b"k", b"v", None);
-            store.commit(batch).unwrap();
-            store.flush().unwrap();
+            with_one_key(&manager, id, true);
         }
         let three = manager.partition_dir(PartitionId(3)).unwrap();
         let four = manager.partition_dir(PartitionId(4)).unwrap();
         drop(manager);
-        for file in std::fs::read_dir(&three).unwrap() {
-            let path = file.unwrap().path();
-            if path
-                .file_name()
+        for manifest in files_named(&three, "MANIFEST") {
+            std::fs::File::options()
+                .write(true)
+                .open(&manifest)
                 .unwrap()
-                .to_string_lossy()
-                .starts_with("MANIFEST")
-            {
-                std::fs::File::options()
-                    .write(true)
-                    .open(&path)
-                    .unwrap()
-                    .set_len(150)
-                    .unwrap();
-            }
+                .set_len(150)
+                .unwrap();
         }
         let renamed = dir.path().join("partition-9.90");
         std::fs::rename(&four, &renamed).unwrap();
@@ -1802,8 +1792,8 @@ mod tests {
         let tables = |folder: &Path| {
             std::fs::read_dir(folder)
                 .unwrap()
-                .filter(|f| {
-                    f.as_ref()
+                .filter(|file| {
+                    file.as_ref()
                         .unwrap()
                         .path()
                         .extension()
@@ -1832,23 +1822,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let manager = open(dir.path());
         for id in [PartitionId(1), PartitionId(2)] {
-            let store = manager.open_or_create_partition(id).unwrap();
-            let mut batch = store.write_batch();
-            batch.put(b"k", b"v", None);
-            store.commit(batch).unwrap();
+            with_one_key(&manager, id, false);
         }
         let damaged = manager.partition_dir(PartitionId(2)).unwrap();
         drop(manager);
-        for file in std::fs::read_dir(&damaged).unwrap() {
-            let path = file.unwrap().path();
-            if path
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("MANIFEST")
-            {
-                std::fs::remove_file(path).unwrap();
-            }
+        for manifest in files_named(&damaged, "MANIFEST") {
+            std::fs::remove_file(manifest).unwrap();
         }
 
         let manager = open(dir.path());
