@@ -82,6 +82,24 @@ impl Node {
         connect(&self.address).await
     }
 
+    /// Bytes in the partitions' SST files and in their memtables, and the expired values
+    /// compactions have dropped, summed over the node's partitions.
+    pub async fn store_size(&self, client: &Client, partitions: u16) -> anyhow::Result<StoreSize> {
+        let mut size = StoreSize::default();
+        for partition in 0..u32::from(partitions) {
+            let store = client
+                .describe_partition(partition)
+                .await
+                .context("describe a partition of the benchmark's node")?
+                .store
+                .with_context(|| format!("partition {partition} has no store"))?;
+            size.sst_bytes += store.live_sst_bytes;
+            size.memtable_bytes += store.memtable_bytes;
+            size.expired_dropped += store.expired_dropped;
+        }
+        Ok(size)
+    }
+
     /// Stops the node, then removes its folder on a blocking thread.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let stopped = self
@@ -93,6 +111,14 @@ impl Node {
         let _ = tokio::task::spawn_blocking(move || drop(dir)).await;
         stopped
     }
+}
+
+/// What [`Node::store_size`] reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StoreSize {
+    pub sst_bytes: u64,
+    pub memtable_bytes: u64,
+    pub expired_dropped: u64,
 }
 
 async fn connect(address: &str) -> anyhow::Result<Client> {

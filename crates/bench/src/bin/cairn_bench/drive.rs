@@ -139,6 +139,14 @@ impl Figures {
         self.cpu.map(|cpu| cpu / self.keys.max(1) as f64 * 1e6)
     }
 
+    /// Keys/s and CPU time per key, for a progress line.
+    pub fn brief(&self) -> String {
+        let cpu = self
+            .cpu_us_per_key()
+            .map_or(String::new(), |us| format!(", {us:.1} CPU µs/key"));
+        format!("{:.0} keys/s{cpu}", self.keys_per_second())
+    }
+
     /// The latency that `quantile` of the requests did not exceed; zero without requests.
     pub fn latency(&self, quantile: f64) -> Duration {
         if self.latencies.is_empty() {

@@ -28,7 +28,7 @@ use rocksdb::KeyOrder;
 
 use bytes::Bytes;
 use cairn_bench::ratio;
-use cairn_bench::report::progress;
+use cairn_bench::report::{progress, size};
 use clap::Parser;
 use drive::{Figures, Workload};
 use std::time::Duration;
@@ -270,6 +270,7 @@ async fn interleave(
             runs: per_workload(),
         });
     }
+    let admin = node.client().await?;
     progress(&format!("Cairn: writing {} keys to read", args.read_keys));
     drive::write_read_keys(args, &mut cairn[0].connections[0]).await?;
     let mut redis_connections = match redis_server {
@@ -297,10 +298,11 @@ async fn interleave(
             settle(args, baseline, &what).await?;
             progress(&what);
             let raw_args = args.clone();
-            runs.push(
+            let ran =
                 tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args, order))
-                    .await??,
-            );
+                    .await??;
+            progress(&format!("{what}: {}", ran.brief()));
+            runs.push(ran);
         }
         for (i, &workload) in args.workloads.iter().enumerate() {
             let sides = cairn.len();
@@ -316,6 +318,14 @@ async fn interleave(
                 let pass = (round - 1) * sides + side + 1;
                 let sent = std::mem::take(&mut driven.connections);
                 let (ran, back) = drive::drive(args, workload, pass, sent, Vec::new()).await?;
+                // What the node holds after it: its compactions' work grows with it.
+                let store = node.store_size(&admin, args.partitions).await?;
+                progress(&format!(
+                    "{what}: {}; the node holds {} in tables, {} in memtables",
+                    ran.brief(),
+                    size(store.sst_bytes),
+                    size(store.memtable_bytes)
+                ));
                 driven.runs[i].push(ran);
                 driven.connections = back;
             }
@@ -325,6 +335,7 @@ async fn interleave(
                 progress(&what);
                 let (ran, back) =
                     drive::drive(args, workload, round, connections, vec![server.pid()]).await?;
+                progress(&format!("{what}: {}", ran.brief()));
                 redis[i].push(ran);
                 redis_connections = Some(back);
             }

@@ -7,7 +7,6 @@
 use crate::Args;
 use crate::cairn::Node;
 use crate::drive::{self, Figures, Workload};
-use anyhow::Context;
 use cairn_bench::report::progress;
 
 /// One window of the run.
@@ -52,23 +51,12 @@ async fn drive_windows(args: &Args, node: &Node) -> anyhow::Result<Vec<Window>> 
         )
         .await?;
         connections = back;
-        let (mut sst_bytes, mut memtable_bytes, mut dropped) = (0, 0, 0);
-        for partition in 0..u32::from(args.partitions) {
-            let store = client
-                .describe_partition(partition)
-                .await
-                .context("describe a partition of the windowed dedup's node")?
-                .store
-                .with_context(|| format!("partition {partition} has no store"))?;
-            sst_bytes += store.live_sst_bytes;
-            memtable_bytes += store.memtable_bytes;
-            dropped += store.expired_dropped;
-        }
+        let size = node.store_size(&client, args.partitions).await?;
         windows.push(Window {
             figures,
-            sst_bytes,
-            memtable_bytes,
-            dropped,
+            sst_bytes: size.sst_bytes,
+            memtable_bytes: size.memtable_bytes,
+            dropped: size.expired_dropped,
         });
     }
     Ok(windows)
