@@ -31,6 +31,7 @@ use cairn_bench::ratio;
 use cairn_bench::report::{progress, size};
 use clap::Parser;
 use drive::{Figures, Workload};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser, Debug, Clone)]
@@ -286,20 +287,30 @@ async fn interleave(
     // Raw RocksDB is the batched put's baseline: it runs only beside that workload.
     let with_raw = args.workloads.contains(&Workload::PutBatch);
     let mut raw: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
+    let raw_dbs = if with_raw {
+        tokio::task::spawn_blocking(|| -> anyhow::Result<Vec<Arc<rocksdb::RawDb>>> {
+            [KeyOrder::Client, KeyOrder::Hashed]
+                .into_iter()
+                .map(|order| rocksdb::RawDb::create(order).map(Arc::new))
+                .collect()
+        })
+        .await??
+    } else {
+        Vec::new()
+    };
     let mut redis = per_workload();
     for round in 1..=args.rounds {
         let of = format!("round {round}/{}", args.rounds);
-        for (order, runs) in [KeyOrder::Client, KeyOrder::Hashed]
-            .into_iter()
-            .zip(&mut raw)
-            .filter(|_| with_raw)
-        {
-            let what = format!("{of}: raw RocksDB, synced batches, {}", raw_name(order));
+        for (db, runs) in raw_dbs.iter().zip(&mut raw) {
+            let what = format!(
+                "{of}: raw RocksDB, synced batches, {}",
+                raw_name(db.order())
+            );
             settle(args, baseline, &what).await?;
             progress(&what);
-            let raw_args = args.clone();
+            let (raw_args, db) = (args.clone(), db.clone());
             let ran =
-                tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args, order))
+                tokio::task::spawn_blocking(move || rocksdb::synced_batches(&raw_args, &db, round))
                     .await??;
             progress(&format!("{what}: {}", ran.brief()));
             runs.push(ran);
@@ -341,6 +352,8 @@ async fn interleave(
             }
         }
     }
+    // Closing the databases and removing their folders blocks.
+    let _ = tokio::task::spawn_blocking(move || drop(raw_dbs)).await;
     if redis_server.is_none() {
         redis.clear();
     }

@@ -2,7 +2,9 @@
 //! shape and the same keys as the batched put, with nothing in between. Twice: with each
 //! client's keys in sequence (the ceiling a user would compare with), and with every key behind
 //! the hash of itself, as Cairn's partition store keeps them (`'d' ++ partition_key ++ key`),
-//! which its memtables insert in no particular order.
+//! which its memtables insert in no particular order. Each order keeps one database for all the
+//! rounds, as Cairn's node keeps its store: every round adds keys of its own, so that both hold
+//! what the earlier rounds wrote and pay for compacting it.
 
 use crate::Args;
 use crate::drive::{Figures, Recorder, Workload, request_keys};
@@ -21,13 +23,37 @@ pub enum KeyOrder {
     Hashed,
 }
 
-/// Runs for `--seconds` and returns what it achieved, with the CPU time of this process
-/// meanwhile (the writers and RocksDB's own threads). Blocking.
-pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
-    let dir = tempfile::tempdir().context("create raw RocksDB's temporary folder")?;
-    let mut options = rust_rocksdb::Options::default();
-    options.create_if_missing(true);
-    let db = Arc::new(rust_rocksdb::DB::open(&options, dir.path()).context("open raw RocksDB")?);
+/// A raw RocksDB database of one key order, in a temporary folder, for every round.
+pub struct RawDb {
+    order: KeyOrder,
+    db: Arc<rust_rocksdb::DB>,
+    // Dropped after the database, which closes first.
+    _dir: tempfile::TempDir,
+}
+
+impl RawDb {
+    /// Creates it with RocksDB's default options. Blocking.
+    pub fn create(order: KeyOrder) -> anyhow::Result<RawDb> {
+        let dir = tempfile::tempdir().context("create raw RocksDB's temporary folder")?;
+        let mut options = rust_rocksdb::Options::default();
+        options.create_if_missing(true);
+        let db = rust_rocksdb::DB::open(&options, dir.path()).context("open raw RocksDB")?;
+        Ok(RawDb {
+            order,
+            db: Arc::new(db),
+            _dir: dir,
+        })
+    }
+
+    pub fn order(&self) -> KeyOrder {
+        self.order
+    }
+}
+
+/// Runs round `round` for `--seconds` and returns what it achieved, with the CPU time of this
+/// process meanwhile (the writers and RocksDB's own threads). Blocking.
+pub fn synced_batches(args: &Args, raw: &RawDb, round: usize) -> anyhow::Result<Figures> {
+    let (db, order) = (&raw.db, raw.order);
     let stop = Arc::new(AtomicBool::new(false));
     let cpu_before = cairn_bench::cpu_seconds("self")?;
     let start = Instant::now();
@@ -42,7 +68,7 @@ pub fn synced_batches(args: &Args, order: KeyOrder) -> anyhow::Result<Figures> {
                 let mut seq = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let mut batch = rust_rocksdb::WriteBatch::default();
-                    for key in request_keys(&args, Workload::PutBatch, 0, c, seq) {
+                    for key in request_keys(&args, Workload::PutBatch, round, c, seq) {
                         match order {
                             KeyOrder::Client => batch.put(key, &value),
                             KeyOrder::Hashed => {
