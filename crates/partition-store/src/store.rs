@@ -1207,15 +1207,15 @@ mod tests {
 
     /// The files of `folder` whose names start with `prefix`.
     fn files_named(folder: &Path, prefix: &str) -> Vec<PathBuf> {
+        files_where(folder, |name| name.starts_with(prefix))
+    }
+
+    /// The files in `folder` whose name `keep` takes.
+    fn files_where(folder: &Path, keep: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         std::fs::read_dir(folder)
             .unwrap()
             .map(|file| file.unwrap().path())
-            .filter(|path| {
-                path.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with(prefix)
-            })
+            .filter(|path| keep(&path.file_name().unwrap().to_string_lossy()))
             .collect()
     }
 
@@ -1789,18 +1789,7 @@ mod tests {
         let zero = dir.path().join("partition-05.91");
         std::fs::create_dir(&zero).unwrap();
 
-        let tables = |folder: &Path| {
-            std::fs::read_dir(folder)
-                .unwrap()
-                .filter(|file| {
-                    file.as_ref()
-                        .unwrap()
-                        .path()
-                        .extension()
-                        .is_some_and(|e| e == "sst")
-                })
-                .count()
-        };
+        let tables = |folder: &Path| files_where(folder, |name| name.ends_with(".sst")).len();
         let before = (tables(&three), tables(&renamed));
         let manager = open(dir.path());
         assert!(three.exists() && renamed.exists() && zero.exists());
