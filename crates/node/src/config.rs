@@ -189,6 +189,30 @@ pub struct PartitionStoreConfig {
     /// file, in bytes; it fills sixteen memtables of a sixteenth of it, and up to twice as much
     /// is in memory while a flush runs.
     pub write_buffer_bytes: usize,
+    /// How each partition's tables are merged as they accumulate; a store written under one
+    /// style opens under the other.
+    pub compaction_style: CompactionStyle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompactionStyle {
+    /// Sorted runs of about the same size merged together: less rewriting under steady writes;
+    /// a merge that takes in a partition's oldest data needs as much free disk again as that
+    /// partition holds.
+    Universal,
+    /// Levels each ten times the one above: less disk held while a merge runs.
+    Leveled,
+}
+
+impl CompactionStyle {
+    /// The partition store's equivalent.
+    pub fn for_store(self) -> cairn_partition_store::CompactionStyle {
+        match self {
+            CompactionStyle::Universal => cairn_partition_store::CompactionStyle::Universal,
+            CompactionStyle::Leveled => cairn_partition_store::CompactionStyle::Leveled,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -320,6 +344,11 @@ impl Default for PartitionStoreConfig {
         PartitionStoreConfig {
             block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
             write_buffer_bytes: cairn_partition_store::StoreOptions::default().write_buffer_bytes,
+            compaction_style: match cairn_partition_store::StoreOptions::default().compaction_style
+            {
+                cairn_partition_store::CompactionStyle::Universal => CompactionStyle::Universal,
+                cairn_partition_store::CompactionStyle::Leveled => CompactionStyle::Leveled,
+            },
         }
     }
 }
@@ -727,6 +756,36 @@ mod tests {
             let err = load(Some("cairn.toml")).unwrap_err().to_string();
             assert!(
                 err.contains("trim-log-delay") && err.contains("soon"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_compaction_style_parses_and_a_wrong_one_names_the_choices() {
+        Jail::expect_with(|jail| {
+            let config = load(None).unwrap();
+            assert_eq!(
+                config.partition_store.compaction_style,
+                CompactionStyle::Universal
+            );
+            jail.create_file(
+                "cairn.toml",
+                "[partition-store]\ncompaction-style = \"leveled\"\n",
+            )?;
+            let config = load(Some("cairn.toml")).unwrap();
+            assert_eq!(
+                config.partition_store.compaction_style.for_store(),
+                cairn_partition_store::CompactionStyle::Leveled
+            );
+            jail.set_env("CAIRN_PARTITION_STORE__COMPACTION_STYLE", "tiered");
+            let err = load(Some("cairn.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("compaction-style")
+                    && err.contains("tiered")
+                    && err.contains("universal")
+                    && err.contains("leveled"),
                 "{err}"
             );
             Ok(())

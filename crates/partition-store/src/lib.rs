@@ -40,8 +40,8 @@ mod verify;
 use std::sync::Arc;
 
 pub use store::{
-    ColumnFamilyExport, ExportedFile, LeaderState, PartitionStore, PartitionStoreManager,
-    PartitionWriteBatch, SizeEstimates, StoreOptions, StoredValue,
+    ColumnFamilyExport, CompactionStyle, ExportedFile, LeaderState, PartitionStore,
+    PartitionStoreManager, PartitionWriteBatch, SizeEstimates, StoreOptions, StoredValue,
 };
 
 /// Errors of the partition store.

@@ -6,8 +6,8 @@ use crate::{Error, Result};
 use bytes::Bytes;
 use cairn_types::{Epoch, Lsn, NodeId, PartitionId};
 use rust_rocksdb::{
-    BlockBasedOptions, BoundColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType, Options,
-    WriteBatch, WriteOptions,
+    BlockBasedOptions, BoundColumnFamily, ColumnFamilyDescriptor, DB, DBCompactionStyle,
+    DBCompressionType, Options, WriteBatch, WriteOptions,
 };
 use std::collections::HashMap;
 use std::ops::Range;
@@ -27,6 +27,30 @@ pub struct StoreOptions {
     /// fraction of it each, which are flushed together; up to twice this much is in memory while
     /// a flush runs.
     pub write_buffer_bytes: usize,
+    /// How a partition's tables are merged as they accumulate.
+    pub compaction_style: CompactionStyle,
+}
+
+/// How a partition's tables are merged as they accumulate. A store written under one opens under
+/// the other: both keep each level as one sorted run of tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompactionStyle {
+    /// RocksDB's universal compaction: sorted runs of about the same size are merged into one,
+    /// so a key is rewritten about once each time the data it sits in doubles. Keys reach a
+    /// partition in hash order, each flushed table spans the partition's whole key range, and
+    /// leveled compaction rewrites the partition's whole last level with every batch of level-0
+    /// tables while it holds less than a level's worth (256 MiB). Measured on two cores with
+    /// 16 partitions (`cairn-bench --seconds 10 --rounds 5 --front-ends grpc`, two runs of each
+    /// style): in the last two rounds, with about 1 GiB of tables in the node, the batched put
+    /// ran at 380k-580k keys/s (3.1-4.7 CPU µs per key) against 280k-320k (6.0-6.9) leveled.
+    /// The cost: a merge that takes in the oldest run rewrites the whole partition and needs as
+    /// much free disk again for that partition while it runs, and a lookup checks a bloom filter
+    /// per sorted run.
+    #[default]
+    Universal,
+    /// RocksDB's leveled compaction (with levels sized from the last one): less disk held during
+    /// a compaction, more rewriting under steady writes of keys in hash order.
+    Leveled,
 }
 
 /// The memtables a partition fills before they are flushed together into one level-0 file.
@@ -53,6 +77,7 @@ impl Default for StoreOptions {
             // 64 MiB default gave two-thirds of the batched put throughput of 8 MiB over a minute
             // of writing.
             write_buffer_bytes: 8 * 1024 * 1024,
+            compaction_style: CompactionStyle::default(),
         }
     }
 }
@@ -664,13 +689,16 @@ fn column_family_options(
     cf.set_compression_type(DBCompressionType::Lz4);
     cf.set_bottommost_compression_type(DBCompressionType::Lz4);
     cf.set_compaction_filter_factory(ExpiryFilterFactory(expiry));
-    // Until a partition holds a few hundred MiB, all of it is in one level, and every compaction
-    // of level 0 rewrites that whole level along with the new files. Eight files instead of
-    // RocksDB's four per compaction halve how often it is rewritten: over 100 s of batched puts
-    // on 16 partitions, compactions took a fifth of the node's CPU with four, and eight gave 8%
-    // more keys/s over the whole run and 13% more in its last 25 s; batched insert-if-absent,
-    // whose lookups read up to twice as many level-0 files (most passed over by their bloom
-    // filters), came out even.
+    if options.compaction_style == CompactionStyle::Universal {
+        cf.set_compaction_style(DBCompactionStyle::Universal);
+    }
+    // Leveled: until a partition holds a few hundred MiB, all of it is in one level, and every
+    // compaction of level 0 rewrites that whole level along with the new files. Eight files
+    // instead of RocksDB's four per compaction halve how often it is rewritten: over 100 s of
+    // batched puts on 16 partitions, compactions took a fifth of the node's CPU with four, and
+    // eight gave 8% more keys/s over the whole run and 13% more in its last 25 s; batched
+    // insert-if-absent, whose lookups read up to twice as many level-0 files (most passed over by
+    // their bloom filters), came out even. Universal: a merge starts at eight sorted runs.
     cf.set_level_zero_file_num_compaction_trigger(8);
     cf
 }
@@ -1358,6 +1386,128 @@ mod tests {
             &imported.get(b"k2-99").unwrap().unwrap().value[..],
             &[2; 10]
         );
+    }
+
+    /// A manager of `dir` whose stores compact in `style`.
+    fn open_compacting(dir: &Path, style: CompactionStyle) -> PartitionStoreManager {
+        let options = StoreOptions {
+            compaction_style: style,
+            ..StoreOptions::default()
+        };
+        PartitionStoreManager::open(dir, &options).unwrap()
+    }
+
+    /// Writes keys `k{round}-{i}` (value `[round; 10]`) for each round of `rounds`, one flushed
+    /// table per round, with the round's number as the applied LSN.
+    fn write_rounds(store: &PartitionStore, rounds: Range<u8>) {
+        for round in rounds {
+            let mut batch = store.write_batch();
+            for i in 0..100u32 {
+                batch.put(format!("k{round}-{i}").as_bytes(), &[round; 10], None);
+            }
+            batch.set_applied_lsn(Lsn(u64::from(round) + 1));
+            store.commit(batch).unwrap();
+            store.flush().unwrap();
+        }
+    }
+
+    /// Every key [`write_rounds`] wrote for `rounds` reads back with its value.
+    fn assert_rounds(store: &PartitionStore, rounds: Range<u8>) {
+        for round in rounds {
+            for i in 0..100u32 {
+                let key = format!("k{round}-{i}");
+                let value = store.get(key.as_bytes()).unwrap();
+                assert_eq!(
+                    value.as_ref().map(|v| &v.value[..]),
+                    Some(&[round; 10][..]),
+                    "{key}"
+                );
+            }
+        }
+    }
+
+    /// The levels of the partition's live tables, from the top.
+    fn levels(store: &PartitionStore) -> Vec<i32> {
+        let mut levels: Vec<i32> = (store.db.live_files().unwrap().into_iter())
+            .filter(|f| f.column_family_name == store.cf_name)
+            .map(|f| f.level)
+            .collect();
+        levels.sort();
+        levels.dedup();
+        levels
+    }
+
+    #[test]
+    fn a_store_opens_under_the_other_compaction_style() {
+        use CompactionStyle::{Leveled, Universal};
+        let dir = tempfile::tempdir().unwrap();
+        // Written leveled: a compacted last level, and two newer tables in level 0.
+        {
+            let manager = open_compacting(dir.path(), Leveled);
+            let store = manager.open_or_create_partition(PartitionId(1)).unwrap();
+            write_rounds(&store, 0..3);
+            store.compact().unwrap();
+            write_rounds(&store, 3..5);
+            assert_eq!(levels(&store), [0, 6]);
+        }
+        // Universal takes it as it is, and its own compactions merge it with new tables.
+        {
+            let manager = open_compacting(dir.path(), Universal);
+            let store = manager.partition(PartitionId(1)).unwrap();
+            assert_rounds(&store, 0..5);
+            write_rounds(&store, 5..7);
+            store.compact().unwrap();
+            assert_eq!(levels(&store), [6]);
+            write_rounds(&store, 7..8);
+            assert_rounds(&store, 0..8);
+            assert_eq!(store.applied_lsn().unwrap(), Lsn(8));
+        }
+        // And back: what universal wrote opens leveled.
+        let manager = open_compacting(dir.path(), Leveled);
+        let store = manager.partition(PartitionId(1)).unwrap();
+        assert_rounds(&store, 0..8);
+        write_rounds(&store, 8..9);
+        store.compact().unwrap();
+        assert_rounds(&store, 0..9);
+    }
+
+    #[test]
+    fn an_export_imports_under_the_other_compaction_style() {
+        use CompactionStyle::{Leveled, Universal};
+        let dir = tempfile::tempdir().unwrap();
+        for (from, to) in [(Leveled, Universal), (Universal, Leveled)] {
+            let name = format!("{from:?}-{to:?}");
+            let source = open_compacting(&dir.path().join(format!("{name}-source")), from);
+            let store = source.open_or_create_partition(PartitionId(2)).unwrap();
+            write_rounds(&store, 0..3);
+            store.compact().unwrap();
+            write_rounds(&store, 3..5);
+            let export = store
+                .export(&dir.path().join(format!("{name}-export")))
+                .unwrap();
+            let exported_levels: Vec<i32> = export.files.iter().map(|f| f.level).collect();
+            assert!(
+                exported_levels.contains(&0) && exported_levels.contains(&6),
+                "{name}: {exported_levels:?}"
+            );
+
+            let target = open_compacting(&dir.path().join(format!("{name}-target")), to);
+            let imported = target
+                .import_partition(
+                    PartitionId(2),
+                    &export.dir,
+                    &export.comparator_name,
+                    &export.files,
+                )
+                .unwrap();
+            assert_rounds(&imported, 0..5);
+            assert_eq!(imported.applied_lsn().unwrap(), Lsn(5), "{name}");
+            // The target's own compactions take the imported tables in.
+            write_rounds(&imported, 5..6);
+            imported.compact().unwrap();
+            assert_eq!(levels(&imported), [6], "{name}");
+            assert_rounds(&imported, 0..6);
+        }
     }
 
     #[test]

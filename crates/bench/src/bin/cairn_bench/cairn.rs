@@ -27,6 +27,9 @@ impl Node {
         if let Some(bytes) = args.write_buffer_bytes {
             partition_store.write_buffer_bytes = bytes;
         }
+        if let Some(style) = args.compaction_style {
+            partition_store.compaction_style = style.for_node();
+        }
         let config = cairn_node::Config {
             partition_store,
             base_dir: dir.path().to_path_buf(),

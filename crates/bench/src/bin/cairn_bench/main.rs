@@ -62,6 +62,10 @@ struct Args {
     /// `[partition-store] write-buffer-bytes`); its default when not given
     #[arg(long)]
     write_buffer_bytes: Option<usize>,
+    /// How the Cairn node's partitions merge their tables (the node's `[partition-store]
+    /// compaction-style`); its default when not given
+    #[arg(long, value_enum)]
+    compaction_style: Option<CompactionStyle>,
     /// Keys written before the reads, which read them
     #[arg(long, default_value_t = 10_000)]
     read_keys: u64,
@@ -89,6 +93,22 @@ struct Args {
     /// Redis port, with the same client and requests as Redis)
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = FrontEnd::ALL)]
     front_ends: Vec<FrontEnd>,
+}
+
+/// `--compaction-style`: the node's `[partition-store] compaction-style`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CompactionStyle {
+    Universal,
+    Leveled,
+}
+
+impl CompactionStyle {
+    fn for_node(self) -> cairn_node::config::CompactionStyle {
+        match self {
+            CompactionStyle::Universal => cairn_node::config::CompactionStyle::Universal,
+            CompactionStyle::Leveled => cairn_node::config::CompactionStyle::Leveled,
+        }
+    }
 }
 
 /// A way into Cairn that the workloads are driven through.
