@@ -1,4 +1,5 @@
-//! Work the node does on its own: automatic snapshots and automatic log trimming.
+//! Work the node does on its own: automatic snapshots, automatic log trimming, and watching each
+//! partition's store for writes that RocksDB holds back.
 //!
 //! - Snapshots: a partition is snapshotted once `worker.snapshots.snapshot-interval` has passed
 //!   since its last one (plus up to a tenth of it at random, so partitions spread out), or once
@@ -7,8 +8,12 @@
 //! - Trimming: every `worker.trim-log-interval`, each partition's log is trimmed to its archived
 //!   LSN once that LSN has been archived for `worker.trim-log-delay`. The archived LSN is what the
 //!   oldest retained snapshot covers, so every retained snapshot stays restorable.
+//! - Write stalls: every few seconds, each running partition's store says whether RocksDB slows
+//!   or stops its writes while compactions catch up; the node warns when that starts, with why
+//!   it may be, and says when it ends.
 
 use crate::node::NodeState;
+use cairn_partition_store::WriteStall;
 use cairn_types::{Lsn, PartitionId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,8 +25,11 @@ use tracing::{info, warn};
 /// How often the snapshot scheduler looks at the partitions.
 const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How often each partition's store is asked whether its writes are held back.
+const STALL_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
 pub(crate) fn spawn(state: Arc<NodeState>, cancel: CancellationToken) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(stall_watch(state.clone(), cancel.clone()))];
     let snapshots = &state.config.worker.snapshots;
     if state.snapshots.is_some()
         && (snapshots.snapshot_interval.is_some()
@@ -205,6 +213,48 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
                     state.metrics.record_failure(slot.id(), "trim");
                     warn!(partition = %slot.id(), "automatic log trim failed: {err}");
                 }
+            }
+        }
+    }
+}
+
+/// Warns when RocksDB starts to slow or stop a partition's writes, and says when that ends. Its
+/// compactions are behind then: under a burst of writes that passes by itself, but a compaction
+/// refused for want of disk space (a background error every second) keeps it so until there is
+/// room, and the warning says how much.
+async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
+    let mut stalled: HashMap<PartitionId, (WriteStall, u64)> = HashMap::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(STALL_CHECK_INTERVAL) => {}
+            () = cancel.cancelled() => return,
+        }
+        for slot in state.partitions.slots() {
+            let Ok(partition) = slot.running() else {
+                continue;
+            };
+            let Ok(status) = partition.store_status().await else {
+                continue;
+            };
+            let id = slot.id();
+            let now = (status.write_stall, status.background_errors);
+            let before = stalled.insert(id, now).unwrap_or_default();
+            if now.0 == before.0 {
+                continue;
+            }
+            let how = match now.0 {
+                WriteStall::None => {
+                    info!(partition = %id, "the partition store's compactions caught up: its writes go through at full speed again");
+                    continue;
+                }
+                WriteStall::Slowed => "slows",
+                WriteStall::Stopped => "stops",
+            };
+            let tables = status.estimates.live_sst_bytes;
+            if now.1 > before.1 {
+                warn!(partition = %id, background_errors = now.1, "RocksDB {how} the partition's writes: its compactions are behind, and some failed or were refused; if its log (LOG in the partition's store folder) says \"Compaction too large\" or \"No space left\", a merge needs as much free disk as the partition's tables take ({tables} bytes): free that much on the store's disk, or set [partition-store] compaction-style = \"leveled\", whose merges need less");
+            } else {
+                warn!(partition = %id, "RocksDB {how} the partition's writes while its compactions catch up with the writes ({tables} bytes of tables)");
             }
         }
     }

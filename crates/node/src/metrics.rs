@@ -38,6 +38,7 @@ pub(crate) struct Metrics {
     replay_lag: IntGaugeVec,
     expired_dropped: IntCounterVec,
     time_ahead: GaugeVec,
+    write_stall: IntGaugeVec,
     resp_commands: IntCounterVec,
     resp_duration: HistogramVec,
     resp_connections: IntGauge,
@@ -141,6 +142,12 @@ impl Metrics {
                 "How far the partition's time is ahead of this node's clock. It never goes back, \
                  so a leader whose clock ran ahead moves it, and TTLs then run out early until \
                  the clocks catch up: alert on it.",
+            ),
+            write_stall: gauge(
+                "partition_store_write_stall",
+                "1 while RocksDB slows the partition's writes, 2 while it stops them, because its \
+                 compactions are behind (0 otherwise). A compaction that cannot get the disk \
+                 space it needs keeps it up: alert on it.",
             ),
             resp_commands: counter(
                 "resp_commands_total",
@@ -275,6 +282,11 @@ impl Metrics {
                 self.time_ahead
                     .with_label_values(&[&label])
                     .set((ahead_ms / 1000.0).max(0.0));
+                if let Ok(store) = partition.store_status().await {
+                    self.write_stall
+                        .with_label_values(&[&label])
+                        .set(store.write_stall as i64);
+                }
             }
             if let Some(archived) = state.archived_lsn(slot.id()) {
                 self.archived_lsn

@@ -42,6 +42,7 @@ use std::sync::Arc;
 pub use store::{
     ColumnFamilyExport, CompactionStyle, ExportedFile, LeaderState, PartitionStore,
     PartitionStoreManager, PartitionWriteBatch, SizeEstimates, StoreOptions, StoredValue,
+    WriteStall,
 };
 
 /// Errors of the partition store.

@@ -772,6 +772,17 @@ pub struct ColumnFamilyExport {
     pub applied_lsn: Lsn,
 }
 
+/// How far RocksDB holds back a partition's writes while its compactions catch up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum WriteStall {
+    #[default]
+    None = 0,
+    /// Writes are let through at a reduced rate.
+    Slowed = 1,
+    /// Writes wait until compactions have caught up.
+    Stopped = 2,
+}
+
 /// What RocksDB estimates a partition holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SizeEstimates {
@@ -959,9 +970,22 @@ impl PartitionStore {
         Ok(())
     }
 
-    /// Background errors (failed flushes and compactions) RocksDB counted since it opened.
-    fn background_errors(&self) -> Result<u64> {
+    /// Background errors (failed flushes and compactions, and compactions refused for want of
+    /// disk space) RocksDB counted since it opened.
+    pub fn background_errors(&self) -> Result<u64> {
         self.int_property(None, "rocksdb.background-errors")
+    }
+
+    /// Whether RocksDB is holding back the partition's writes because its compactions are
+    /// behind (too many sorted runs or too much data waiting to be compacted). Blocks briefly.
+    pub fn write_stall(&self) -> Result<WriteStall> {
+        if self.int_property(None, "rocksdb.is-write-stopped")? > 0 {
+            Ok(WriteStall::Stopped)
+        } else if self.int_property(None, "rocksdb.actual-delayed-write-rate")? > 0 {
+            Ok(WriteStall::Slowed)
+        } else {
+            Ok(WriteStall::None)
+        }
     }
 
     /// An integer property of the partition's column family (`cf`), or of the whole store.
@@ -1508,6 +1532,27 @@ mod tests {
             assert_eq!(levels(&imported), [6], "{name}");
             assert_rounds(&imported, 0..6);
         }
+    }
+
+    #[test]
+    fn a_store_whose_compactions_are_behind_says_its_writes_are_held_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = open(dir.path());
+        let store = manager.open_or_create_partition(PartitionId(1)).unwrap();
+        assert_eq!(store.write_stall().unwrap(), WriteStall::None);
+        // Two level-0 tables, fewer than a compaction waits for, are more than RocksDB lets
+        // writes through at full speed with: compactions behind, as far as it can tell.
+        let cf = store.cf().unwrap();
+        let set = |options: &[(&str, &str)]| store.db.set_options_cf(&cf, options).unwrap();
+        set(&[("level0_slowdown_writes_trigger", "2")]);
+        write_rounds(&store, 0..2);
+        assert_eq!(store.write_stall().unwrap(), WriteStall::Slowed);
+        set(&[("level0_stop_writes_trigger", "2")]);
+        assert_eq!(store.write_stall().unwrap(), WriteStall::Stopped);
+        // Once a compaction has caught up, writes go through at full speed.
+        store.compact().unwrap();
+        assert_eq!(store.write_stall().unwrap(), WriteStall::None);
+        assert_rounds(&store, 0..2);
     }
 
     #[test]

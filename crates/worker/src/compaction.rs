@@ -4,7 +4,7 @@
 use crate::partition::Partition;
 use crate::processor::store_error;
 use crate::{Result, blocking};
-use cairn_partition_store::{PartitionStore, SizeEstimates};
+use cairn_partition_store::{PartitionStore, SizeEstimates, WriteStall};
 use tracing::warn;
 
 /// How long a compaction waits for the record that brings the partition's time up to the clock.
@@ -23,6 +23,11 @@ pub struct StoreStatus {
     pub partition_time_ms: u64,
     /// Values expiring at or before this time may be dropped by compactions.
     pub expiry_horizon_ms: u64,
+    /// Whether RocksDB holds the partition's writes back while its compactions catch up.
+    pub write_stall: WriteStall,
+    /// Failed flushes and compactions (and compactions refused for want of disk space) since
+    /// the store was opened.
+    pub background_errors: u64,
 }
 
 impl StoreStatus {
@@ -38,6 +43,12 @@ impl StoreStatus {
                 .partition_time()
                 .map_err(|err| store_error(partition, "read the partition time", err))?,
             expiry_horizon_ms: store.expiry_horizon(),
+            write_stall: store
+                .write_stall()
+                .map_err(|err| store_error(partition, "read the write stall", err))?,
+            background_errors: store
+                .background_errors()
+                .map_err(|err| store_error(partition, "read the background errors", err))?,
         })
     }
 }
