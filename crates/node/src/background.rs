@@ -223,7 +223,8 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
 /// refused for want of disk space (a background error every second) keeps it so until there is
 /// room, and the warning says how much.
 async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
-    let mut stalled: HashMap<PartitionId, (WriteStall, u64)> = HashMap::new();
+    // Each partition's stall and background error count when last looked at.
+    let mut last: HashMap<PartitionId, (WriteStall, u64)> = HashMap::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(STALL_CHECK_INTERVAL) => {}
@@ -237,12 +238,13 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
                 continue;
             };
             let id = slot.id();
-            let now = (status.write_stall, status.background_errors);
-            let before = stalled.insert(id, now).unwrap_or_default();
-            if now.0 == before.0 {
+            let (stall, errors) = (status.write_stall, status.background_errors);
+            let (stall_before, errors_before) =
+                last.insert(id, (stall, errors)).unwrap_or_default();
+            if stall == stall_before {
                 continue;
             }
-            let how = match now.0 {
+            let how = match stall {
                 WriteStall::None => {
                     info!(partition = %id, "the partition store's compactions caught up: its writes go through at full speed again");
                     continue;
@@ -251,8 +253,8 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
                 WriteStall::Stopped => "stops",
             };
             let tables = status.estimates.live_sst_bytes;
-            if now.1 > before.1 {
-                warn!(partition = %id, background_errors = now.1, "RocksDB {how} the partition's writes: its compactions are behind, and some failed or were refused; if its log (LOG in the partition's store folder) says \"Compaction too large\" or \"No space left\", a merge needs as much free disk as the partition's tables take ({tables} bytes): free that much on the store's disk, or set [partition-store] compaction-style = \"leveled\", whose merges need less");
+            if errors > errors_before {
+                warn!(partition = %id, background_errors = errors, "RocksDB {how} the partition's writes: its compactions are behind, and some failed or were refused; if its log (LOG in the partition's store folder) says \"Compaction too large\" or \"No space left\", a merge needs as much free disk as the partition's tables take ({tables} bytes): free that much on the store's disk, or set [partition-store] compaction-style = \"leveled\", whose merges need less");
             } else {
                 warn!(partition = %id, "RocksDB {how} the partition's writes while its compactions catch up with the writes ({tables} bytes of tables)");
             }

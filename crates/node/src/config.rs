@@ -213,6 +213,14 @@ impl CompactionStyle {
             CompactionStyle::Leveled => cairn_partition_store::CompactionStyle::Leveled,
         }
     }
+
+    /// The style the partition store defaults to.
+    fn store_default() -> CompactionStyle {
+        match cairn_partition_store::StoreOptions::default().compaction_style {
+            cairn_partition_store::CompactionStyle::Universal => CompactionStyle::Universal,
+            cairn_partition_store::CompactionStyle::Leveled => CompactionStyle::Leveled,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -344,11 +352,7 @@ impl Default for PartitionStoreConfig {
         PartitionStoreConfig {
             block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
             write_buffer_bytes: cairn_partition_store::StoreOptions::default().write_buffer_bytes,
-            compaction_style: match cairn_partition_store::StoreOptions::default().compaction_style
-            {
-                cairn_partition_store::CompactionStyle::Universal => CompactionStyle::Universal,
-                cairn_partition_store::CompactionStyle::Leveled => CompactionStyle::Leveled,
-            },
+            compaction_style: CompactionStyle::store_default(),
         }
     }
 }

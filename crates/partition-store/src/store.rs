@@ -1239,7 +1239,7 @@ impl PartitionWriteBatch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn open(dir: &Path) -> PartitionStoreManager {
@@ -1372,27 +1372,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let source = open(&dir.path().join("a"));
         let store = source.open_or_create_partition(PartitionId(2)).unwrap();
-        for round in 0..3u8 {
-            let mut batch = store.write_batch();
-            for i in 0..100u32 {
-                batch.put(format!("k{round}-{i}").as_bytes(), &[round; 10], None);
-            }
-            batch.set_applied_lsn(Lsn(u64::from(round) + 1));
-            store.commit(batch).unwrap();
-            store.flush().unwrap();
-        }
+        write_rounds(&store, 0..3);
         let export = store.export(&dir.path().join("export")).unwrap();
         assert!(export.files.len() >= 3, "{export:?}");
 
         let target = open(&dir.path().join("b"));
-        let imported = target
-            .import_partition(
-                PartitionId(2),
-                &export.dir,
-                &export.comparator_name,
-                &export.files,
-            )
-            .unwrap();
+        let imported = import_export(&target, PartitionId(2), &export).unwrap();
         assert_eq!(imported.applied_lsn().unwrap(), Lsn(3));
         assert_eq!(
             &imported.get(b"k1-42").unwrap().unwrap().value[..],
@@ -1410,6 +1395,15 @@ mod tests {
             &imported.get(b"k2-99").unwrap().unwrap().value[..],
             &[2; 10]
         );
+    }
+
+    /// Imports `export` into `manager` as partition `id`.
+    pub(crate) fn import_export(
+        manager: &PartitionStoreManager,
+        id: PartitionId,
+        export: &ColumnFamilyExport,
+    ) -> Result<PartitionStore> {
+        manager.import_partition(id, &export.dir, &export.comparator_name, &export.files)
     }
 
     /// A manager of `dir` whose stores compact in `style`.
@@ -1516,14 +1510,7 @@ mod tests {
             );
 
             let target = open_compacting(&dir.path().join(format!("{name}-target")), to);
-            let imported = target
-                .import_partition(
-                    PartitionId(2),
-                    &export.dir,
-                    &export.comparator_name,
-                    &export.files,
-                )
-                .unwrap();
+            let imported = import_export(&target, PartitionId(2), &export).unwrap();
             assert_rounds(&imported, 0..5);
             assert_eq!(imported.applied_lsn().unwrap(), Lsn(5), "{name}");
             // The target's own compactions take the imported tables in.
@@ -2070,14 +2057,7 @@ mod tests {
         let export = four.export(&dir.path().join("export")).unwrap();
         drop(four);
         manager.drop_partition(PartitionId(4)).unwrap();
-        let four = manager
-            .import_partition(
-                PartitionId(4),
-                &export.dir,
-                &export.comparator_name,
-                &export.files,
-            )
-            .unwrap();
+        let four = import_export(&manager, PartitionId(4), &export).unwrap();
         assert_eq!(&four.get(b"k").unwrap().unwrap().value[..], b"data-4");
         assert_ne!(manager.partition_dir(PartitionId(4)).unwrap(), dir.path());
         manager.open_or_create_partition(PartitionId(5)).unwrap();

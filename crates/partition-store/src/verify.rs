@@ -194,14 +194,8 @@ mod tests {
         // The files are still there to be published, and still import.
         let target =
             PartitionStoreManager::open(&dir.path().join("b"), &StoreOptions::default()).unwrap();
-        let imported = target
-            .import_partition(
-                PartitionId(2),
-                &export.dir,
-                &export.comparator_name,
-                &export.files,
-            )
-            .unwrap();
+        let imported =
+            crate::store::tests::import_export(&target, PartitionId(2), &export).unwrap();
         assert_eq!(
             &imported.get(b"k1-42").unwrap().unwrap().value[..],
             &[1; 50]
