@@ -497,7 +497,31 @@ async fn partitions_describe(
         "reclaimed        {} expired values since the node started",
         store.expired_dropped
     );
+    for line in compaction_lines(&store) {
+        println!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `partitions describe` says of a store's compactions: whether RocksDB holds its writes
+/// back, and the failed or refused flushes and compactions, with what the operator can do.
+fn compaction_lines(store: &cairn_client::v1::PartitionStoreInfo) -> Vec<String> {
+    use cairn_client::v1::WriteStall;
+    let state = match store.write_stall() {
+        WriteStall::None => "keeping up",
+        WriteStall::Slowed => "behind: RocksDB slows this partition's writes until they catch up",
+        WriteStall::Stopped => "behind: RocksDB stops this partition's writes until they catch up",
+    };
+    let mut lines = vec![format!("compactions      {state}")];
+    if store.background_errors > 0 {
+        lines.push(format!(
+            "                 {} failed or refused since the store was opened (the node's log \
+             says why); a merge of the oldest tables needs about {} of free disk beside them",
+            store.background_errors,
+            show_bytes_count(store.live_sst_bytes)
+        ));
+    }
+    lines
 }
 
 /// A time in ms since the Unix epoch as `--time-format` asks, or `-` for 0 (no record applied
@@ -680,5 +704,30 @@ fn confirm(question: &str) -> anyhow::Result<()> {
         Ok(())
     } else {
         bail!("cancelled")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_client::v1::{PartitionStoreInfo, WriteStall};
+
+    #[test]
+    fn a_store_behind_on_compactions_says_so_and_what_a_merge_needs() {
+        let mut store = PartitionStoreInfo {
+            live_sst_bytes: 3 << 30,
+            ..Default::default()
+        };
+        assert_eq!(compaction_lines(&store), ["compactions      keeping up"]);
+
+        store.set_write_stall(WriteStall::Stopped);
+        store.background_errors = 114;
+        let lines = compaction_lines(&store);
+        assert!(
+            lines[0].contains("stops this partition's writes"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("114 failed or refused"), "{lines:?}");
+        assert!(lines[1].contains("3.0 GiB of free disk"), "{lines:?}");
     }
 }

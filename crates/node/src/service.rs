@@ -9,7 +9,7 @@ use crate::partitions::Slot;
 use crate::validate;
 use bytes::Bytes;
 use cairn_api::v1;
-use cairn_partition_store::StoredValue;
+use cairn_partition_store::{StoredValue, WriteStall};
 use cairn_snapshots::SnapshotId;
 use cairn_types::keys::partition_for_key;
 use cairn_types::limits::{BATCH_BYTES_MAX, VALUE_BYTES_MAX};
@@ -1388,6 +1388,13 @@ fn store_info(status: &cairn_worker::StoreStatus) -> v1::PartitionStoreInfo {
         expired_dropped: status.expired_dropped,
         partition_time_ms: status.partition_time_ms,
         expiry_horizon_ms: status.expiry_horizon_ms,
+        write_stall: match status.write_stall {
+            WriteStall::None => v1::WriteStall::None,
+            WriteStall::Slowed => v1::WriteStall::Slowed,
+            WriteStall::Stopped => v1::WriteStall::Stopped,
+        }
+        .into(),
+        background_errors: status.background_errors,
     }
 }
 
