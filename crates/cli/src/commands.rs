@@ -507,10 +507,15 @@ async fn partitions_describe(
 /// back, and the failed or refused flushes and compactions, with what the operator can do.
 fn compaction_lines(store: &cairn_client::v1::PartitionStoreInfo) -> Vec<String> {
     use cairn_client::v1::WriteStall;
-    let state = match store.write_stall() {
-        WriteStall::None => "keeping up",
-        WriteStall::Slowed => "behind: RocksDB slows this partition's writes until they catch up",
-        WriteStall::Stopped => "behind: RocksDB stops this partition's writes until they catch up",
+    let state = match store.write_stall.map(|_| store.write_stall()) {
+        None => "not reported by this node (a version before the report)",
+        Some(WriteStall::None) => "keeping up",
+        Some(WriteStall::Slowed) => {
+            "behind: RocksDB slows this partition's writes until they catch up"
+        }
+        Some(WriteStall::Stopped) => {
+            "behind: RocksDB stops this partition's writes until they catch up"
+        }
     };
     let mut lines = vec![format!("compactions      {state}")];
     if store.background_errors > 0 {
@@ -718,6 +723,8 @@ mod tests {
             live_sst_bytes: 3 << 30,
             ..Default::default()
         };
+        assert!(compaction_lines(&store)[0].contains("not reported"));
+        store.set_write_stall(WriteStall::None);
         assert_eq!(compaction_lines(&store), ["compactions      keeping up"]);
 
         store.set_write_stall(WriteStall::Stopped);

@@ -1395,12 +1395,14 @@ fn store_info(status: &cairn_worker::StoreStatus) -> v1::PartitionStoreInfo {
         expired_dropped: status.expired_dropped,
         partition_time_ms: status.partition_time_ms,
         expiry_horizon_ms: status.expiry_horizon_ms,
-        write_stall: match status.write_stall {
-            WriteStall::None => v1::WriteStall::None,
-            WriteStall::Slowed => v1::WriteStall::Slowed,
-            WriteStall::Stopped => v1::WriteStall::Stopped,
-        }
-        .into(),
+        write_stall: Some(
+            match status.write_stall {
+                WriteStall::None => v1::WriteStall::None,
+                WriteStall::Slowed => v1::WriteStall::Slowed,
+                WriteStall::Stopped => v1::WriteStall::Stopped,
+            }
+            .into(),
+        ),
         background_errors: status.background_errors,
     }
 }
