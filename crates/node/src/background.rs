@@ -10,12 +10,16 @@
 //!   oldest retained snapshot covers, so every retained snapshot stays restorable.
 //! - Write stalls: every few seconds, each running partition's store says whether RocksDB slows
 //!   or stops its writes while compactions catch up; the node warns when that starts, with why
-//!   it may be, and says when it ends.
+//!   it may be, and says when it ends. Under universal compaction it also warns, ahead of that,
+//!   when the store's disk has less free than the largest partition's tables: what a merge of
+//!   that partition's oldest tables needs.
 
+use crate::config::CompactionStyle;
 use crate::node::NodeState;
 use cairn_partition_store::WriteStall;
 use cairn_types::{Lsn, PartitionId};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -225,11 +229,17 @@ async fn trimmer(state: Arc<NodeState>, interval: Duration, cancel: Cancellation
 async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
     // Each partition's stall and background error count when last looked at.
     let mut last: HashMap<PartitionId, (WriteStall, u64)> = HashMap::new();
+    let mut headroom = Headroom {
+        store_dir: state.config.base_dir.join("db"),
+        short: false,
+    };
     loop {
         tokio::select! {
             () = tokio::time::sleep(STALL_CHECK_INTERVAL) => {}
             () = cancel.cancelled() => return,
         }
+        // The partition with the most bytes of tables, and how many.
+        let mut largest: Option<(PartitionId, u64)> = None;
         for slot in state.partitions.slots() {
             let Ok(partition) = slot.running() else {
                 continue;
@@ -238,6 +248,10 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
                 continue;
             };
             let id = slot.id();
+            let tables = status.estimates.live_sst_bytes;
+            if largest.is_none_or(|(_, most)| tables > most) {
+                largest = Some((id, tables));
+            }
             let (stall, errors) = (status.write_stall, status.background_errors);
             let (stall_before, errors_before) =
                 last.insert(id, (stall, errors)).unwrap_or_default();
@@ -259,5 +273,91 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
                 warn!(partition = %id, "RocksDB {how} the partition's writes while its compactions catch up with the writes ({tables} bytes of tables)");
             }
         }
+        if state.config.partition_store.compaction_style == CompactionStyle::Universal
+            && let Some(largest) = largest
+        {
+            headroom.check(largest).await;
+        }
+    }
+}
+
+/// Whether the store's disk has room for a merge of the largest partition's oldest tables, which
+/// universal compaction writes anew before it removes them. Short of that, RocksDB refuses the
+/// merge and, as tables pile up, slows and then stops the partition's writes: the warning comes
+/// before that, once per time the free space falls short.
+struct Headroom {
+    store_dir: PathBuf,
+    /// Whether the free space was short of the largest partition at the last check.
+    short: bool,
+}
+
+impl Headroom {
+    async fn check(&mut self, (partition, tables): (PartitionId, u64)) {
+        let dir = self.store_dir.clone();
+        let free = match tokio::task::spawn_blocking(move || free_bytes(&dir)).await {
+            Ok(Ok(free)) => free,
+            Ok(Err(err)) => {
+                warn!(store_dir = %self.store_dir.display(), "cannot read the free space of the partition store's disk: {err}");
+                return;
+            }
+            Err(_) => return,
+        };
+        let short = free < tables;
+        if short == self.short {
+            return;
+        }
+        self.short = short;
+        if short {
+            warn!(%partition, free_bytes = free, tables_bytes = tables, "the partition store's disk has less free ({free} bytes) than partition {partition}'s tables take ({tables} bytes): a merge of its oldest tables writes them anew before it removes them, so RocksDB would refuse it, and then slow and stop the partition's writes as its tables pile up; free that much on the store's disk, or set [partition-store] compaction-style = \"leveled\", whose merges need less");
+        } else {
+            info!(
+                free_bytes = free,
+                "the partition store's disk has room again for a merge of its largest partition's tables"
+            );
+        }
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem that holds `path`. Blocking.
+fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidInput, err))?;
+    // SAFETY: all-zero bytes are a valid `statvfs`, which the call then fills in.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and outlives the call; `stat` is a valid place to write.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // The fields' widths differ between targets.
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_free_space_of_a_folder_is_read_and_of_a_missing_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).unwrap() > 0);
+        let missing = free_bytes(&dir.path().join("missing")).unwrap_err();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn a_disk_short_of_the_largest_partition_is_told_once_and_its_recovery_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut headroom = Headroom {
+            store_dir: dir.path().to_path_buf(),
+            short: false,
+        };
+        // No disk has that much free.
+        headroom.check((PartitionId(3), u64::MAX)).await;
+        assert!(headroom.short);
+        headroom.check((PartitionId(3), u64::MAX)).await;
+        assert!(headroom.short);
+        headroom.check((PartitionId(3), 1)).await;
+        assert!(!headroom.short);
     }
 }
