@@ -232,6 +232,7 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
     let mut headroom = Headroom {
         store_dir: state.config.base_dir.join("db"),
         short: false,
+        unreadable: false,
     };
     loop {
         tokio::select! {
@@ -289,15 +290,24 @@ struct Headroom {
     store_dir: PathBuf,
     /// Whether the free space was short of the largest partition at the last check.
     short: bool,
+    /// Whether the last check could not read the free space.
+    unreadable: bool,
 }
 
 impl Headroom {
     async fn check(&mut self, (partition, tables): (PartitionId, u64)) {
         let dir = self.store_dir.clone();
         let free = match tokio::task::spawn_blocking(move || free_bytes(&dir)).await {
-            Ok(Ok(free)) => free,
+            Ok(Ok(free)) => {
+                self.unreadable = false;
+                free
+            }
             Ok(Err(err)) => {
-                warn!(store_dir = %self.store_dir.display(), "cannot read the free space of the partition store's disk: {err}");
+                // Said once, not every few seconds.
+                if !self.unreadable {
+                    warn!(store_dir = %self.store_dir.display(), "cannot read the free space of the partition store's disk, so the node cannot warn before a merge lacks room: {err}");
+                }
+                self.unreadable = true;
                 return;
             }
             Err(_) => return,
@@ -351,6 +361,7 @@ mod tests {
         let mut headroom = Headroom {
             store_dir: dir.path().to_path_buf(),
             short: false,
+            unreadable: false,
         };
         // No disk has that much free.
         headroom.check((PartitionId(3), u64::MAX)).await;
@@ -359,5 +370,13 @@ mod tests {
         assert!(headroom.short);
         headroom.check((PartitionId(3), 1)).await;
         assert!(!headroom.short);
+
+        // A store folder that went away is said once, and a later reading clears that.
+        headroom.store_dir = dir.path().join("gone");
+        headroom.check((PartitionId(3), 1)).await;
+        assert!(headroom.unreadable && !headroom.short);
+        headroom.store_dir = dir.path().to_path_buf();
+        headroom.check((PartitionId(3), 1)).await;
+        assert!(!headroom.unreadable);
     }
 }
