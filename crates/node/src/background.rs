@@ -267,7 +267,6 @@ async fn stall_watch(state: Arc<NodeState>, cancel: CancellationToken) {
                 WriteStall::Slowed => "slows",
                 WriteStall::Stopped => "stops",
             };
-            let tables = status.estimates.live_sst_bytes;
             if errors > errors_before {
                 warn!(partition = %id, background_errors = errors, "RocksDB {how} the partition's writes: its compactions are behind, and some failed or were refused; if its log (LOG in the partition's store folder) says \"Compaction too large\" or \"No space left\", a merge needs as much free disk as the partition's tables take ({tables} bytes): free that much on the store's disk, or set [partition-store] compaction-style = \"leveled\", whose merges need less");
             } else {
