@@ -304,7 +304,7 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
         format!("offset {offset} (LSN {lsn})"),
         "checksum".to_string(),
         format!("LSN {} follows", lsn + 1),
-        format!("`truncate -s {offset} {}`", segment.display()),
+        "`cairn repair-log -p 2`".to_string(),
     ] {
         assert!(status.contains(&needle), "{needle:?} missing: {status}");
     }
@@ -326,6 +326,153 @@ async fn a_flipped_byte_inside_the_newest_segment_is_refused_not_cut() {
     std::fs::write(&segment, &repaired).unwrap();
     let server = start(dir.path());
     assert_all_there(&server.address, &keys).await;
+}
+
+/// Writes `keys` (one record each) and keys of the other partitions, stops the node (SIGKILL
+/// when `kill`, so that its stores keep only what they had flushed) and flips a byte inside the
+/// payload of the damaged partition's 20th record in the newest segment. Returns the LSN of the
+/// damaged record.
+async fn write_then_flip_a_byte(base_dir: &Path, keys: &[String], kill: bool) -> u64 {
+    let server = start(base_dir);
+    put_each(&server.address, keys).await;
+    other_partitions_serve(&server.address).await;
+    if kill {
+        server.kill();
+    } else {
+        server.stop();
+    }
+    let segment = last_segment(base_dir);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let (offset, lsn) = record_at(&bytes, DAMAGED, 20);
+    bytes[offset + RECORD_HEADER_BYTES + 3] ^= 0x20;
+    std::fs::write(&segment, &bytes).unwrap();
+    lsn
+}
+
+fn repair_log(base_dir: &Path) -> String {
+    let base_dir = base_dir.to_str().unwrap();
+    ok(run_cairn(
+        &["repair-log", "--base-dir", base_dir, "-p", "2", "-y"],
+        &[("CAIRN_NUM_PARTITIONS", "4")],
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_log_cuts_the_damaged_partition_s_log_and_keeps_every_other_partition_s_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    let lsn = write_then_flip_a_byte(dir.path(), &keys, true).await;
+    let segment = last_segment(dir.path());
+    let damaged = std::fs::read(&segment).unwrap();
+
+    let repaired = repair_log(dir.path());
+    for needle in [
+        "Neither the partition's store nor a snapshot reaches past the damage".to_string(),
+        format!("Cut partition 2's log after LSN {}", lsn - 1),
+        format!("{}.before-cut", segment.display()),
+        format!("its next write gets LSN {lsn}"),
+    ] {
+        assert!(repaired.contains(&needle), "{needle:?} missing: {repaired}");
+    }
+    let copy = PathBuf::from(format!("{}.before-cut", segment.display()));
+    assert_eq!(
+        std::fs::read(copy).unwrap(),
+        damaged,
+        "the copy is the file as it was"
+    );
+    let again = fails(run_cairn(
+        &[
+            "repair-log",
+            "--base-dir",
+            dir.path().to_str().unwrap(),
+            "-p",
+            "2",
+            "-y",
+        ],
+        &[("CAIRN_NUM_PARTITIONS", "4")],
+    ));
+    assert!(again.contains("opens as it is"), "{again}");
+
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    // The partition's records before the damaged one are there; that one and the ones after it
+    // are given up. (One announcement at LSN 1, then one record per key.)
+    let kept = (lsn - 2) as usize;
+    assert_all_there(&server.address, &keys[..kept]).await;
+    let wanted: Vec<Bytes> = keys[kept..]
+        .iter()
+        .map(|k| Bytes::from(k.clone()))
+        .collect();
+    let values = client(&server.address).await.get(wanted).await.unwrap();
+    assert!(values.iter().all(Option::is_none), "{values:?}");
+    // Every other partition kept its records, and the repaired one takes writes again.
+    for p in (0..PARTITIONS).map(PartitionId).filter(|p| *p != DAMAGED) {
+        assert_all_there(&server.address, &keys_of(p, &format!("still-{}", p.0), 1)).await;
+    }
+    put_each(&server.address, &keys[kept..]).await;
+    assert_all_there(&server.address, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_log_trims_past_damage_that_the_store_has_applied_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    // A clean stop: the store flushes what it applied.
+    let lsn = write_then_flip_a_byte(dir.path(), &keys, false).await;
+
+    let repaired = repair_log(dir.path());
+    for needle in [
+        "The partition's store has applied the log up to LSN",
+        "Moved the trim point of partition 2's log up to LSN",
+        "the partition's store holds everything up to it",
+        "No record was given up",
+    ] {
+        assert!(repaired.contains(needle), "{needle:?} missing: {repaired}");
+    }
+    let server = start(dir.path());
+    let (_, tail, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert!(
+        tail > lsn,
+        "the log went on past the damaged LSN {lsn}: {tail}"
+    );
+    assert_all_there(&server.address, &keys).await;
+    other_partitions_serve(&server.address).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    let server = start(dir.path());
+    put_each(&server.address, &keys).await;
+    let snapshot = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    )));
+    server.kill();
+    let lsn = write_then_flip_a_byte(dir.path(), &[], true).await;
+
+    let repaired = repair_log(dir.path());
+    for needle in [
+        format!("Snapshot {snapshot} holds the partition up to LSN"),
+        "Moved the trim point of partition 2's log up to LSN".to_string(),
+        "No record was given up".to_string(),
+    ] {
+        assert!(repaired.contains(&needle), "{needle:?} missing: {repaired}");
+    }
+    assert!(!repaired.contains("Cut partition"), "{repaired}");
+
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert_all_there(&server.address, &keys).await;
+    let (_, tail, _) = partition_row(&server.address, DAMAGED).await;
+    assert!(
+        tail > lsn,
+        "the log went on past the damaged LSN {lsn}: {tail}"
+    );
 }
 
 /// A tmpfs mounted for the life of the value (unmounted lazily on drop).

@@ -876,6 +876,23 @@ fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
             path,
             offset: Some(offset),
             ..
+        } if !err
+            .to_string()
+            .contains(cairn_log::local::EVERY_LOG_REFUSED) =>
+        {
+            format!(
+                "its log cannot be opened: {err}. The records from that offset on are kept, not \
+             dropped, and the partition stays down while the node's other partitions serve. To \
+             mend this log alone, stop the node and run `cairn repair-log -p {id}`: it moves the \
+             log's trim point past the damage when a snapshot covers it (nothing is lost), or \
+             else cuts this log after its last valid record, giving up its records from there on \
+             and none of the other partitions' (a copy of the file is kept)"
+            )
+        }
+        cairn_log::Error::Corrupt {
+            path,
+            offset: Some(offset),
+            ..
         } => format!(
             "its log cannot be opened: {err}. The records from that offset on are kept, not \
              dropped, and the partition stays down while the node's other partitions serve. Keep \
@@ -893,7 +910,10 @@ fn unopened_log_reason(id: PartitionId, err: &cairn_log::Error) -> String {
              while the node's other partitions serve. Put the files this names as gone or \
              damaged back from a backup and restart the node; the segment files are shared by \
              every partition's log, so moving them away would take records from the other \
-             partitions too"
+             partitions too. With no backup, and for records that are missing, stop the node \
+             and run `cairn repair-log -p {id}` to give up this log's records from the first \
+             missing one on (or fewer, when a snapshot covers them), keeping the other \
+             partitions'"
         ),
         _ => format!(
             "its log cannot be opened: {err}; fix the cause and restart the node (the other \

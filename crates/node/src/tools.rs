@@ -103,34 +103,16 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
         return Ok(()); // the whole log is there to replay
     }
     let force = "pass --force to drop it anyway";
-    if !config.snapshots_enabled() {
-        bail!(
+    let repository = match this_clusters_repository(config, &runtime)? {
+        Ok(repository) => repository,
+        Err(NoRepository::Disabled) => bail!(
             "the log of partition {partition} is trimmed up to LSN {trim_point} and there is no snapshot repository (worker.snapshots.destination = \"none\"): this store is the only copy of those records; {force}"
-        );
-    }
-    let base_dir = config
-        .base_dir
-        .canonicalize()
-        .with_context(|| format!("resolve {}", config.base_dir.display()))?;
-    let metadata: Box<dyn MetadataStore> = match config.metadata.provider {
-        MetadataProviderKind::Local => Box::new(
-            LocalMetadataStore::open(&base_dir.join("metadata.json"))
-                .context("open the node's metadata")?,
         ),
-        MetadataProviderKind::Nats => Box::new(runtime.block_on(connect_nats_metadata(config))?),
-    };
-    let Some((_, cluster)) = runtime.block_on(get_typed::<ClusterRecord>(
-        metadata.as_ref(),
-        ClusterRecord::KEY,
-        "cluster record",
-    ))?
-    else {
-        bail!(
+        Err(NoRepository::NoClusterRecord(base_dir)) => bail!(
             "{} holds no cluster record, so there is no telling which snapshots are this cluster's; {force}",
             base_dir.display()
-        );
+        ),
     };
-    let repository = open_repository(config, &base_dir, &cluster)?;
     let latest = runtime
         .block_on(repository.latest(partition))
         .context("read the snapshot repository")?;
@@ -154,4 +136,222 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
             repository.destination()
         ),
     }
+}
+
+/// Why [`this_clusters_repository`] has no repository to look in.
+enum NoRepository {
+    /// `worker.snapshots.destination = "none"`.
+    Disabled,
+    /// The base dir (resolved) holds no cluster record.
+    NoClusterRecord(std::path::PathBuf),
+}
+
+/// The snapshot repository of the cluster whose record the node's metadata holds, as the node
+/// opens it (its snapshots are this cluster's only).
+fn this_clusters_repository(
+    config: &Config,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<Result<cairn_snapshots::SnapshotRepository, NoRepository>> {
+    if !config.snapshots_enabled() {
+        return Ok(Err(NoRepository::Disabled));
+    }
+    let base_dir = config
+        .base_dir
+        .canonicalize()
+        .with_context(|| format!("resolve {}", config.base_dir.display()))?;
+    let metadata: Box<dyn MetadataStore> = match config.metadata.provider {
+        MetadataProviderKind::Local => Box::new(
+            LocalMetadataStore::open(&base_dir.join("metadata.json"))
+                .context("open the node's metadata")?,
+        ),
+        MetadataProviderKind::Nats => Box::new(runtime.block_on(connect_nats_metadata(config))?),
+    };
+    let Some((_, cluster)) = runtime.block_on(get_typed::<ClusterRecord>(
+        metadata.as_ref(),
+        ClusterRecord::KEY,
+        "cluster record",
+    ))?
+    else {
+        return Ok(Err(NoRepository::NoClusterRecord(base_dir)));
+    };
+    Ok(Ok(open_repository(config, &base_dir, &cluster)?))
+}
+
+/// What [`repair_log`] did to a partition's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRepair {
+    pub partition: PartitionId,
+    /// Why the log was refused.
+    pub refused: String,
+    /// Where the log's trim point was moved, and what holds the records up to there.
+    pub trimmed_to: Option<(Lsn, Holder)>,
+    /// The cut of the log after its valid records, when nothing held past the damage.
+    pub cut: Option<cairn_log::local::CutReport>,
+    /// The store's applied LSN, when it is past where the log now ends.
+    pub store_ahead: Option<Lsn>,
+}
+
+/// What holds a partition's records up to an LSN besides its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// The partition's store on this node, which has applied them.
+    Store,
+    /// A snapshot in this cluster's repository.
+    Snapshot(String),
+}
+
+/// Mends the local log of `partition` in the base dir of a stopped node when it is refused for
+/// damaged or missing records, giving up as little as it can and no other partition's records:
+///
+/// - When the partition's store has applied past the damage, or its newest snapshot covers it,
+///   the log's trim point moves up to that LSN (the lower of the two when both do): the damaged
+///   records are then ones the log no longer needs. Nothing is lost; a partition whose store is
+///   behind the new trim point restores from the snapshot at the next start.
+/// - Otherwise (or when more damage lies past that point), the log is cut at the end of its
+///   valid records ([`cairn_log::local::cut_log`]): the records from the first damaged or
+///   missing one on are given up, and the segments keep every other log's records.
+///
+/// `confirm` is asked, with what is about to happen, before each change; `false` stops there.
+pub fn repair_log(
+    config: &Config,
+    partition: PartitionId,
+    mut confirm: impl FnMut(&str) -> anyhow::Result<bool>,
+) -> anyhow::Result<LogRepair> {
+    use cairn_log::local::{cut_log, inspect_log, trim_log_offline};
+    if !matches!(config.log.provider, LogProviderKind::Local) {
+        bail!(
+            "log.provider is \"nats\": repair-log mends the node's local log, and a partition's log is a NATS stream here"
+        );
+    }
+    let base_dir = &config.base_dir;
+    let log_dir = base_dir.join("log");
+    if !log_dir.join("wal").is_dir() {
+        bail!(
+            "{} holds no log; pass the node's --base-dir (or its --config)",
+            base_dir.display()
+        );
+    }
+    let _lock =
+        lock_base_dir(base_dir).context("the node must be stopped to repair a partition's log")?;
+    let options = LocalLogOptions {
+        segment_bytes_max: config.log.segment_bytes,
+        ..LocalLogOptions::default()
+    };
+    let log_id = cairn_types::LogId::from(partition);
+    let mut seen = inspect_log(&log_dir, log_id, &options).context("read the log")?;
+    if !seen.known {
+        bail!(
+            "{} holds no log of partition {partition}: no partition of that number has written to it",
+            log_dir.display()
+        );
+    }
+    let Some(refused) = seen.refused.clone() else {
+        bail!("the log of partition {partition} opens as it is; there is nothing to repair");
+    };
+    if seen.refused_all {
+        bail!(
+            "{refused}. The damage cannot be put on one partition's log, so repair-log cannot mend one log alone: put the segment back from a backup, or cut the segment at the damaged offset (`truncate -s <offset> <segment>`), which gives up every partition's records after it"
+        );
+    }
+    let mut repair = LogRepair {
+        partition,
+        refused: refused.clone(),
+        trimmed_to: None,
+        cut: None,
+        store_ahead: None,
+    };
+    let applied = store_applied_lsn(base_dir, partition);
+    let newest = newest_snapshot(config, partition)?;
+    // Past the damage, and no further than the log went (a snapshot beyond it holds records
+    // that this log never had).
+    let covers = |lsn: Lsn| lsn.0 > seen.valid_through && lsn.0 <= seen.highest_seen;
+    // At the same LSN, the snapshot: the store is then not the records' only copy.
+    let covering = [
+        newest
+            .as_ref()
+            .filter(|(_, lsn)| covers(*lsn))
+            .map(|(id, lsn)| (*lsn, Holder::Snapshot(id.clone()))),
+        applied.filter(|a| covers(*a)).map(|a| (a, Holder::Store)),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by_key(|(lsn, _)| *lsn);
+    if let Some((lsn, holder)) = covering {
+        let why = match &holder {
+            Holder::Store => format!(
+                "The partition's store has applied the log up to LSN {}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the store does not hold. Until the partition's next snapshot (`cairnctl snapshots create -p {partition}` once the node serves), the store is the only copy of those records.",
+                applied.unwrap_or(lsn)
+            ),
+            Holder::Snapshot(snapshot) => format!(
+                "Snapshot {snapshot} holds the partition up to LSN {lsn}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the snapshot does not hold, and the partition restores from the snapshot at the next start if its store is behind it."
+            ),
+        };
+        let asked =
+            format!("The log of partition {partition} is refused: {refused}\n\n{why} Move it?");
+        if !confirm(&asked)? {
+            bail!("cancelled; nothing was changed");
+        }
+        seen = trim_log_offline(&log_dir, log_id, lsn.0, &options)
+            .with_context(|| format!("move the trim point of partition {partition}'s log"))?;
+        repair.trimmed_to = Some((lsn, holder));
+        if seen.refused.is_none() {
+            return Ok(repair);
+        }
+    }
+    let given_up = seen.valid_through + 1;
+    let held = match (&repair.trimmed_to, &newest) {
+        (Some(_), _) => "The log is refused again past its new trim point.".to_string(),
+        (None, Some((snapshot, lsn))) => format!(
+            "Neither the partition's store nor its newest snapshot ({snapshot}, LSN {lsn}) reaches past the damage."
+        ),
+        (None, None) => {
+            "Neither the partition's store nor a snapshot reaches past the damage.".to_string()
+        }
+    };
+    let asked = format!(
+        "The log of partition {partition} is refused: {}\n\n{held} Cutting the log at the end of its valid records gives up its records LSN {given_up}..={}: writes to partition {partition} that were acknowledged. The other partitions' records are kept, and a copy of each rewritten segment is kept beside it. Cut it?",
+        seen.refused.as_deref().unwrap_or(&refused),
+        seen.highest_seen.max(given_up)
+    );
+    if !confirm(&asked)? {
+        bail!(
+            "cancelled{}",
+            if repair.trimmed_to.is_some() {
+                "; the trim point was moved, nothing was cut"
+            } else {
+                "; nothing was changed"
+            }
+        );
+    }
+    let cut = cut_log(&log_dir, log_id, &options)
+        .with_context(|| format!("cut the log of partition {partition}"))?;
+    repair.store_ahead = applied.filter(|applied| applied.0 > cut.tail);
+    repair.cut = Some(cut);
+    Ok(repair)
+}
+
+/// The newest snapshot of `partition` in this cluster's repository, if there is one to look in.
+fn newest_snapshot(
+    config: &Config,
+    partition: PartitionId,
+) -> anyhow::Result<Option<(String, Lsn)>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let _runtime_context = runtime.enter();
+    let Ok(repository) = this_clusters_repository(config, &runtime)? else {
+        return Ok(None);
+    };
+    let latest = runtime
+        .block_on(repository.latest(partition))
+        .context("read the snapshot repository")?;
+    Ok(latest.map(|l| (l.snapshot_id.to_string(), l.min_applied_lsn)))
+}
+
+/// The LSN up to which the partition's store has applied its log, if the store opens.
+fn store_applied_lsn(base_dir: &std::path::Path, partition: PartitionId) -> Option<Lsn> {
+    let stores =
+        PartitionStoreManager::open(&base_dir.join("db"), &StoreOptions::default()).ok()?;
+    stores.partition(partition)?.applied_lsn().ok()
 }

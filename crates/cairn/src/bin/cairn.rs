@@ -49,6 +49,16 @@ enum Tool {
         #[arg(long)]
         force: bool,
     },
+    /// Mend one partition's log that the node refuses for damaged or missing records, keeping
+    /// every other partition's: move its trim point past the damage when its store or a snapshot
+    /// holds the records up to there (nothing lost), or else cut it after its last valid record
+    RepairLog {
+        #[arg(short = 'p', long = "partition-id")]
+        partition_id: u16,
+        /// Do not ask for confirmation
+        #[arg(short = 'y', long)]
+        yes: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -137,6 +147,19 @@ fn run_tool(
             }
             Ok(())
         }
+        Tool::RepairLog { partition_id, yes } => {
+            let partition = cairn_node::PartitionId(partition_id);
+            let repair = cairn_node::tools::repair_log(&config, partition, |asked| {
+                if yes {
+                    println!("{asked} (--yes)");
+                    Ok(true)
+                } else {
+                    confirm(asked)
+                }
+            })?;
+            print_log_repair(&repair);
+            Ok(())
+        }
     }
 }
 
@@ -167,4 +190,55 @@ fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
             _ = term.recv() => {}
         }
     })
+}
+
+fn print_log_repair(repair: &cairn_node::tools::LogRepair) {
+    use cairn_node::tools::Holder;
+    let partition = repair.partition;
+    if let Some((lsn, holder)) = &repair.trimmed_to {
+        let holder = match holder {
+            Holder::Store => "the partition's store holds everything up to it".to_string(),
+            Holder::Snapshot(snapshot) => {
+                format!("snapshot {snapshot} holds everything up to it")
+            }
+        };
+        println!("Moved the trim point of partition {partition}'s log up to LSN {lsn}: {holder}.");
+    }
+    let Some(cut) = &repair.cut else {
+        println!(
+            "No record was given up. At the next start the partition continues from its store, or restores from the snapshot if its store is behind it."
+        );
+        return;
+    };
+    let last = cut
+        .dropped_lsns
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .max(cut.tail + 1);
+    println!(
+        "Cut partition {partition}'s log after LSN {}: gave up LSN {}..={last} ({} damaged byte(s), {} valid record(s) after them). The other partitions' records are as they were.",
+        cut.tail,
+        cut.tail + 1,
+        cut.dropped_damaged_bytes,
+        cut.dropped_lsns.len()
+    );
+    for (segment, copy) in &cut.rewritten {
+        println!(
+            "Rewrote {}; it was kept as {} (delete it once the partition serves again).",
+            segment.display(),
+            copy.display()
+        );
+    }
+    match repair.store_ahead {
+        Some(applied) => println!(
+            "Its store had applied the log up to LSN {applied}, past the cut: at the next start the partition stays down until it is rebuilt, with `cairnctl -y partitions restore -p {partition}` (from a snapshot at or below LSN {}) or, with the node stopped, `cairn drop-partition -p {partition}` (it then replays its log).",
+            cut.tail
+        ),
+        None => println!(
+            "At the next start the partition continues from LSN {}; its next write gets LSN {}.",
+            cut.tail,
+            cut.tail + 1
+        ),
+    }
 }

@@ -135,6 +135,7 @@
 //! - With [`LocalLogOptions::fsync`] off, nothing is synced: acknowledged records survive a
 //!   process crash (they are in the page cache) but not a machine crash. Meant for tests.
 
+mod cut;
 mod read;
 mod record;
 mod recovery;
@@ -142,6 +143,10 @@ mod sync;
 #[cfg(test)]
 mod tests;
 mod writer;
+
+pub use cut::{
+    BEFORE_CUT_SUFFIX, CutError, CutReport, LogInspection, cut_log, inspect_log, trim_log_offline,
+};
 
 use crate::{Entry, Error, LogProvider, LogState, Loglet, Result};
 use async_trait::async_trait;
@@ -159,6 +164,9 @@ use std::thread;
 use tokio::sync::{mpsc, oneshot, watch};
 
 const LOCK_FILE: &str = "LOCK";
+/// How the refusal of every log for damage no log can be blamed for ends (see
+/// [`Error::Corrupt`]): what tells it from the refusal of one log.
+pub const EVERY_LOG_REFUSED: &str = "every log is refused";
 const WAL_DIR: &str = "wal";
 
 /// Settings of a [`LocalLogProvider`], shared by all of its logs.

@@ -37,13 +37,7 @@ pub(super) fn recover(
     options: &LocalLogOptions,
 ) -> io::Result<Recovered> {
     let mut scan = Scan::default();
-    scan.read_log_dirs(dir)?;
-    let files = scan.list_segments(wal_dir)?;
-    let mut active = None;
-    let count = files.len();
-    for (i, (seq, path)) in files.into_iter().enumerate() {
-        active = scan.segment(seq, path, i + 1 == count, options)?;
-    }
+    let active = scan.run(dir, wal_dir, options)?;
     let refused_all = scan.unattributed();
     if refused_all.is_none() {
         scan.delete_trimmed_segments(active.as_ref().map(|a| a.seq))?;
@@ -72,10 +66,123 @@ pub(super) fn recover(
 struct BadSpot {
     /// Where: segment and offset, ordered as the log is.
     at: (u64, u64),
+    /// Where the next valid record starts (or the segment ends).
+    end: u64,
     path: String,
     detail: String,
-    /// Whether a log was refused for it.
-    attributed: bool,
+    /// The logs refused for it.
+    blamed: Vec<LogId>,
+}
+
+/// What a scan for [`cut_plan`] found of the log to cut, and what it leaves the others.
+pub(super) struct CutPlan {
+    /// Why the log is refused; `None` if it opens.
+    pub refusal: Option<Refusal>,
+    /// Why every log is refused, if damage cannot be put on one.
+    pub refused_all: Option<Refusal>,
+    /// The last LSN the log keeps: the end of its valid records (its trim point if none).
+    pub keeps_through: u64,
+    /// The log's trim point.
+    pub trim_point: u64,
+    /// The highest LSN of the log found in any record, valid or not.
+    pub highest_seen: u64,
+    /// Whether the log exists: it has a directory (a trim point) or records.
+    pub known: bool,
+    /// Byte ranges to leave out, by segment: the log's records past its valid ones and the
+    /// damage blamed on it.
+    pub drops: BTreeMap<u64, Vec<std::ops::Range<u64>>>,
+    /// LSNs of the records left out, in the order found.
+    pub dropped_lsns: Vec<u64>,
+    /// Bytes of the damage blamed on the log, among `drops`.
+    pub damaged_bytes: u64,
+    /// Every segment's path and the end of what it holds (a torn tail and preallocated zeros
+    /// excluded).
+    pub segments: BTreeMap<u64, (PathBuf, u64)>,
+    /// Every log's tail and whether it is refused, to check that a cut changes no other log.
+    pub logs: BTreeMap<LogId, (u64, bool)>,
+}
+
+/// Reads the logs in `dir` as [`recover`] does, but changes nothing (no torn tail is cut, no
+/// trimmed segment deleted), and says what cutting `log_id` at the end of its valid records would
+/// leave out. Blocking; the caller holds the directory's lock.
+pub(super) fn cut_plan(
+    dir: &Path,
+    wal_dir: &Path,
+    options: &LocalLogOptions,
+    log_id: LogId,
+) -> io::Result<CutPlan> {
+    let mut scan = Scan {
+        dry: true,
+        watch: Some(log_id),
+        ..Scan::default()
+    };
+    scan.run(dir, wal_dir, options)?;
+    let refused_all = scan.unattributed();
+    let mut drops: BTreeMap<u64, Vec<std::ops::Range<u64>>> = BTreeMap::new();
+    let mut dropped_lsns = Vec::new();
+    let mut keeps_through = scan.trims.get(&log_id).copied().unwrap_or(0);
+    for w in &scan.watched {
+        if w.kept {
+            keeps_through = keeps_through.max(w.lsn);
+        } else {
+            drops.entry(w.seq).or_default().push(w.start..w.end);
+            dropped_lsns.push(w.lsn);
+        }
+    }
+    let mut damaged_bytes = 0;
+    for spot in scan.bad_spots.iter().filter(|s| s.blamed.contains(&log_id)) {
+        drops
+            .entry(spot.at.0)
+            .or_default()
+            .push(spot.at.1..spot.end);
+        damaged_bytes += spot.end - spot.at.1;
+    }
+    for ranges in drops.values_mut() {
+        ranges.sort_by_key(|r| r.start);
+    }
+    let segments = scan
+        .segments
+        .iter()
+        .filter_map(|(seq, meta)| {
+            let end = scan.ends.get(seq)?;
+            Some((*seq, (meta.file.path.clone(), *end)))
+        })
+        .collect();
+    let refusal = scan.refused.get(&log_id).cloned();
+    let trim_point = scan.trims.get(&log_id).copied().unwrap_or(0);
+    let highest_seen = scan.next.get(&log_id).map_or(trim_point, |n| n - 1);
+    let known = scan.trims.contains_key(&log_id)
+        || scan.next.contains_key(&log_id)
+        || scan.refused.contains_key(&log_id);
+    let refused: HashSet<LogId> = scan.refused.keys().copied().collect();
+    let logs = scan
+        .logs()
+        .into_iter()
+        .map(|(id, log)| (id, (log.tail, refused.contains(&id))))
+        .collect();
+    Ok(CutPlan {
+        refusal,
+        refused_all,
+        keeps_through,
+        trim_point,
+        highest_seen,
+        known,
+        drops,
+        dropped_lsns,
+        damaged_bytes,
+        segments,
+        logs,
+    })
+}
+
+/// A record of the log a cut is planned for.
+struct Watched {
+    seq: u64,
+    start: u64,
+    end: u64,
+    lsn: u64,
+    /// Whether the log keeps it: one of its valid records (or a trimmed one).
+    kept: bool,
 }
 
 #[derive(Default)]
@@ -94,6 +201,13 @@ struct Scan {
     /// Every segment that was listed.
     present: BTreeSet<u64>,
     misnamed: Option<Refusal>,
+    /// Change nothing on disk (a scan for [`cut_plan`]).
+    dry: bool,
+    /// The log whose records are noted in `watched`.
+    watch: Option<LogId>,
+    watched: Vec<Watched>,
+    /// Where each segment's records end.
+    ends: BTreeMap<u64, u64>,
 }
 
 fn io_context<'p>(
@@ -104,6 +218,24 @@ fn io_context<'p>(
 }
 
 impl Scan {
+    /// Reads every log's trim point and every segment, in order. Returns the segment to append to
+    /// (none in a dry scan).
+    fn run(
+        &mut self,
+        dir: &Path,
+        wal_dir: &Path,
+        options: &LocalLogOptions,
+    ) -> io::Result<Option<Active>> {
+        self.read_log_dirs(dir)?;
+        let files = self.list_segments(wal_dir)?;
+        let mut active = None;
+        let count = files.len();
+        for (i, (seq, path)) in files.into_iter().enumerate() {
+            active = self.segment(seq, path, i + 1 == count, options)?;
+        }
+        Ok(active)
+    }
+
     /// Reads the trim point of every log that has a directory, and refuses logs in the old layout.
     fn read_log_dirs(&mut self, dir: &Path) -> io::Result<()> {
         for entry in fs::read_dir(dir).map_err(io_context("listing", dir))? {
@@ -253,12 +385,15 @@ impl Scan {
                 RecordError::Invalid(d) => io::Error::other(d),
             })?;
             if is_last && followed.is_none() {
-                cut_torn_tail(&segment.path, offset, content_end, &detail, options)?;
+                if !self.dry {
+                    cut_torn_tail(&segment.path, offset, content_end, &detail, options)?;
+                }
                 end = offset;
                 break;
             }
             let header = reader.read(offset, HEADER_BYTES).ok().map(Header::parse);
-            self.on_bad_spot(&segment, offset, header, detail, followed);
+            let spot_end = followed.map_or(content_end, |(at, _)| at);
+            self.on_bad_spot(&segment, (offset, spot_end), header, detail, followed);
             match followed {
                 Some((at, _)) => offset = at,
                 None => break,
@@ -270,7 +405,8 @@ impl Scan {
         }
         drop(reader);
         self.segments.insert(seq, meta);
-        if !is_last {
+        self.ends.insert(seq, end);
+        if !is_last || self.dry {
             return Ok(None);
         }
         let file = OpenOptions::new()
@@ -298,6 +434,18 @@ impl Scan {
         let lsn = header.lsn;
         let max = meta.logs.entry(log_id).or_insert(0);
         *max = (*max).max(lsn);
+        if self.watch == Some(log_id) {
+            let kept = !self.refused.contains_key(&log_id)
+                && (lsn == self.expected(log_id)
+                    || lsn <= self.trims.get(&log_id).copied().unwrap_or(0));
+            self.watched.push(Watched {
+                seq: segment.seq,
+                start: offset,
+                end: offset + HEADER_BYTES as u64 + u64::from(header.len),
+                lsn,
+                kept,
+            });
+        }
         let expected = self.expected(log_id);
         if self.refused.contains_key(&log_id) {
             self.next.insert(log_id, expected.max(lsn + 1));
@@ -354,7 +502,7 @@ impl Scan {
         let since = self.last_at.get(&log_id).copied().unwrap_or((0, 0));
         let lost = format!("LSN {expected}..={} of this log", found - 1);
         if let Some(spot) = self.bad_spots.iter_mut().find(|s| s.at > since) {
-            spot.attributed = true;
+            spot.blamed.push(log_id);
             return Refusal::Corrupt {
                 path: spot.path.clone(),
                 offset: Some(spot.at.1),
@@ -394,12 +542,11 @@ impl Scan {
     fn on_bad_spot(
         &mut self,
         segment: &SegmentFile,
-        offset: u64,
+        (offset, end): (u64, u64),
         header: Option<Header>,
         detail: String,
         followed: Option<(u64, Header)>,
     ) {
-        self.damaged.insert(segment.seq);
         let after = match followed {
             Some((at, h)) => format!(
                 "; a valid record of log {}, LSN {} follows at offset {at}, so this is not an \
@@ -422,6 +569,25 @@ impl Scan {
             plausible.then_some((log_id, h.lsn))
         });
         let path = segment.path.display().to_string();
+        // A damaged record whose header names a record its log has trimmed away: nothing is
+        // lost with it, and the log is not refused for it. (Only records at or below their logs'
+        // trim points are left in a segment that is kept for other logs' records.)
+        let trimmed = header.and_then(|h| {
+            let log_id = LogId(u16::try_from(h.log_id).ok()?);
+            let trim = self.trims.get(&log_id).copied()?;
+            (owner.is_none() && h.lsn >= 1 && h.lsn <= trim).then_some(log_id)
+        });
+        // Anything else keeps the segment: what it holds is not fully known.
+        if trimmed.is_none() {
+            self.damaged.insert(segment.seq);
+        }
+        if let Some(log_id) = trimmed {
+            tracing::warn!(
+                %path, offset, log = log_id.0, %detail,
+                "a damaged record in the log names a record its log has trimmed away; nothing \
+                 that is still needed is lost with it"
+            );
+        }
         if let Some((log_id, lsn)) = owner {
             self.next.insert(log_id, lsn + 1);
             self.refused.insert(
@@ -437,9 +603,14 @@ impl Scan {
         }
         self.bad_spots.push(BadSpot {
             at: (segment.seq, offset),
+            end,
             path,
             detail: format!("damaged record at offset {offset}: {detail}{after}{shared}"),
-            attributed: owner.is_some(),
+            blamed: owner
+                .map(|(log_id, _)| log_id)
+                .or(trimmed)
+                .into_iter()
+                .collect(),
         });
     }
 
@@ -448,13 +619,14 @@ impl Scan {
         if let Some(misnamed) = &self.misnamed {
             return Some(misnamed.clone());
         }
-        let spot = self.bad_spots.iter().find(|s| !s.attributed)?;
+        let spot = self.bad_spots.iter().find(|s| s.blamed.is_empty())?;
         Some(Refusal::Corrupt {
             path: spot.path.clone(),
             offset: Some(spot.at.1),
             detail: format!(
-                "{}; no log can be told from it, so every log is refused",
-                spot.detail
+                "{}; no log can be told from it, so {}",
+                spot.detail,
+                super::EVERY_LOG_REFUSED
             ),
         })
     }

@@ -1005,22 +1005,8 @@ async fn a_torn_commit_spanning_several_logs_leaves_each_log_a_prefix() {
 #[tokio::test]
 async fn a_flipped_byte_refuses_only_the_log_whose_record_it_is() {
     let dir = TempDir::new().expect("temporary directory");
-    {
-        let provider = provider(dir.path(), LocalLogOptions::default());
-        for lsn in 1..=10 {
-            for log in 1..=3 {
-                let log = provider.open_local(LogId(log)).await.expect("open");
-                append_records_of(&log, lsn, lsn).await;
-            }
-        }
-    }
-    let segment = segment_path(dir.path(), 1);
-    let mut bytes = written_bytes(&segment);
-    // LSN 5 of log 2 is the 14th record.
-    let offset = 13 * RECORD_BYTES;
-    assert_eq!(walk(&bytes)[13], (offset, 2, 5));
-    bytes[offset + HEADER_BYTES + 7] ^= 0x08;
-    fs::write(&segment, &bytes).expect("damage");
+    let (segment, offset) = damage_log_2_of_three(dir.path()).await;
+    let bytes = written_bytes(&segment);
 
     let provider = provider(dir.path(), LocalLogOptions::default());
     let (path, at, detail) = expect_corrupt(provider.open_local(LogId(2)).await);
@@ -1070,19 +1056,25 @@ async fn damage_no_log_can_be_blamed_for_refuses_every_log() {
     }
 }
 
+/// Writes logs 1 and 2 in segments of 4 records (log 1: LSN 1..=8 in segments 1 and 2, 9..=12 in
+/// segment 4; log 2: 1..=4 in segment 3, 5..=8 in segment 5), then deletes segment 2.
+async fn lose_a_middle_segment(dir: &Path) {
+    {
+        let provider = provider(dir, tiny_segments());
+        let one = provider.open_local(LogId(1)).await.expect("open");
+        let two = provider.open_local(LogId(2)).await.expect("open");
+        append_records_of(&one, 1, 8).await;
+        append_records_of(&two, 1, 4).await;
+        append_records_of(&one, 9, 12).await;
+        append_records_of(&two, 5, 8).await;
+    }
+    fs::remove_file(segment_path(dir, 2)).expect("lose a segment");
+}
+
 #[tokio::test]
 async fn a_lost_middle_segment_refuses_the_logs_that_had_records_in_it() {
     let dir = TempDir::new().expect("temporary directory");
-    {
-        let provider = provider(dir.path(), tiny_segments());
-        let one = provider.open_local(LogId(1)).await.expect("open");
-        let two = provider.open_local(LogId(2)).await.expect("open");
-        append_records_of(&one, 1, 8).await; // segments 1 and 2
-        append_records_of(&two, 1, 4).await; // segment 3
-        append_records_of(&one, 9, 12).await; // segment 4
-        append_records_of(&two, 5, 8).await; // segment 5
-    }
-    fs::remove_file(segment_path(dir.path(), 2)).expect("lose a segment");
+    lose_a_middle_segment(dir.path()).await;
 
     let provider = provider(dir.path(), tiny_segments());
     let (path, offset, detail) = expect_corrupt(provider.open_local(LogId(1)).await);
@@ -1094,6 +1086,175 @@ async fn a_lost_middle_segment_refuses_the_logs_that_had_records_in_it() {
     let two = provider.open_local(LogId(2)).await.expect("open");
     assert_log_holds(&two, 8).await;
     append_records_of(&two, 9, 9).await;
+}
+
+/// Appends LSN 1..=10 to logs 1, 2 and 3, one record of each in turn, and flips a byte in the
+/// payload of log 2's LSN 5. Returns the damaged segment's path and the damaged record's offset.
+async fn damage_log_2_of_three(dir: &Path) -> (PathBuf, usize) {
+    {
+        let provider = provider(dir, LocalLogOptions::default());
+        for lsn in 1..=10 {
+            for log in 1..=3 {
+                let log = provider.open_local(LogId(log)).await.expect("open");
+                append_records_of(&log, lsn, lsn).await;
+            }
+        }
+    }
+    let segment = segment_path(dir, 1);
+    let mut bytes = written_bytes(&segment);
+    let offset = 13 * RECORD_BYTES;
+    assert_eq!(walk(&bytes)[13], (offset, 2, 5));
+    bytes[offset + HEADER_BYTES + 7] ^= 0x08;
+    fs::write(&segment, &bytes).expect("damage");
+    (segment, offset)
+}
+
+#[tokio::test]
+async fn cutting_a_damaged_log_gives_up_its_records_from_the_damage_on_and_no_other_log_s() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (segment, _) = damage_log_2_of_three(dir.path()).await;
+    let damaged = fs::read(&segment).expect("segment");
+
+    let report = cut_log(dir.path(), LogId(2), &LocalLogOptions::default()).expect("cut");
+    assert_eq!(report.tail, 4);
+    assert_eq!(report.dropped_lsns, vec![6, 7, 8, 9, 10]);
+    assert_eq!(report.dropped_damaged_bytes, RECORD_BYTES as u64);
+    let backup = PathBuf::from(format!("{}{BEFORE_CUT_SUFFIX}", segment.display()));
+    assert_eq!(report.rewritten, vec![(segment.clone(), backup.clone())]);
+    assert_eq!(
+        fs::read(&backup).expect("backup"),
+        damaged,
+        "kept as it was"
+    );
+    assert_eq!(
+        segment_names(dir.path()),
+        names(&[1]),
+        "the copy is no segment"
+    );
+
+    let provider = provider(dir.path(), LocalLogOptions::default());
+    let two = provider.open_local(LogId(2)).await.expect("log 2 opens");
+    assert_log_holds(&two, 4).await;
+    append_records_of(&two, 5, 6).await;
+    for log_id in [1, 3] {
+        let log = provider.open_local(LogId(log_id)).await.expect("open");
+        assert_log_holds(&log, 10).await;
+        append_records_of(&log, 11, 11).await;
+    }
+    drop((two, provider));
+    // The new LSN 5 and 6 of log 2 are the ones read after a restart, not the old ones.
+    let provider = self::provider(dir.path(), LocalLogOptions::default());
+    assert_log_holds(&provider.open_local(LogId(2)).await.expect("open"), 6).await;
+    for log_id in [1, 3] {
+        assert_log_holds(&provider.open_local(LogId(log_id)).await.expect("open"), 11).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cut_is_refused_for_a_sound_log_an_open_log_and_damage_no_log_is_blamed_for() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (segment, _) = damage_log_2_of_three(dir.path()).await;
+    let options = LocalLogOptions::default();
+    assert!(matches!(
+        cut_log(dir.path(), LogId(1), &options),
+        Err(CutError::NotRefused(LogId(1)))
+    ));
+    {
+        let _open = provider(dir.path(), LocalLogOptions::default());
+        match cut_log(dir.path(), LogId(2), &options) {
+            Err(CutError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}"),
+            other => panic!("expected the lock to be refused, got {other:?}"),
+        }
+    }
+    // The LSN in the header of log 1's last record: no log can be blamed for it.
+    let mut bytes = fs::read(&segment).expect("segment");
+    let last_of_1 = 27 * RECORD_BYTES;
+    assert_eq!(walk(&written_bytes(&segment))[27], (last_of_1, 1, 10));
+    bytes[last_of_1 + 16 + 5] ^= 0x01;
+    fs::write(&segment, &bytes).expect("damage");
+    match cut_log(dir.path(), LogId(2), &options) {
+        Err(CutError::NotCuttable { detail, .. }) => {
+            assert!(detail.contains("every log is refused"), "{detail}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        fs::read(&segment).expect("segment"),
+        bytes,
+        "nothing was changed"
+    );
+    assert!(cut_log(&dir.path().join("nothing"), LogId(2), &options).is_err());
+    assert!(
+        !inspect_log(dir.path(), LogId(7), &options)
+            .expect("inspect")
+            .known
+    );
+    assert!(matches!(
+        cut_log(dir.path(), LogId(7), &options),
+        Err(CutError::Io(e)) if e.kind() == io::ErrorKind::NotFound
+    ));
+}
+
+#[tokio::test]
+async fn trimming_a_damaged_log_past_its_damage_offline_loses_no_record_after_it() {
+    let dir = TempDir::new().expect("temporary directory");
+    damage_log_2_of_three(dir.path()).await;
+    let options = LocalLogOptions::default();
+    let seen = inspect_log(dir.path(), LogId(2), &options).expect("inspect");
+    assert!(
+        seen.refused
+            .as_deref()
+            .is_some_and(|r| r.contains("(LSN 5)")),
+        "{seen:?}"
+    );
+    assert!(!seen.refused_all);
+    assert_eq!(
+        (seen.trim_point, seen.valid_through, seen.highest_seen),
+        (0, 4, 10)
+    );
+    assert!(matches!(
+        trim_log_offline(dir.path(), LogId(2), 11, &options),
+        Err(CutError::NotCuttable { .. })
+    ));
+
+    // Below the damage, the log stays refused.
+    let below = trim_log_offline(dir.path(), LogId(2), 3, &options).expect("trim");
+    assert!(below.refused.is_some(), "{below:?}");
+    let past = trim_log_offline(dir.path(), LogId(2), 5, &options).expect("trim");
+    assert_eq!(past.refused, None);
+    assert_eq!((past.trim_point, past.valid_through), (5, 10));
+
+    let provider = provider(dir.path(), options);
+    let two = provider.open_local(LogId(2)).await.expect("log 2 opens");
+    assert_eq!(two.state().await.expect("state"), state_of(5, 10));
+    assert_eq!(
+        two.read(Lsn(6), 100).await.expect("read"),
+        records_of(2, 6, 10)
+    );
+    for log_id in [1, 3] {
+        let log = provider.open_local(LogId(log_id)).await.expect("open");
+        assert_log_holds(&log, 10).await;
+    }
+}
+
+#[tokio::test]
+async fn cutting_a_log_with_a_lost_segment_gives_up_its_records_after_the_gap() {
+    let dir = TempDir::new().expect("temporary directory");
+    lose_a_middle_segment(dir.path()).await;
+
+    let report = cut_log(dir.path(), LogId(1), &tiny_segments()).expect("cut");
+    assert_eq!(report.tail, 4);
+    assert_eq!(report.dropped_lsns, vec![9, 10, 11, 12]);
+    assert_eq!(report.dropped_damaged_bytes, 0);
+    assert_eq!(report.rewritten.len(), 1);
+    assert_eq!(report.rewritten[0].0, segment_path(dir.path(), 4));
+
+    let provider = provider(dir.path(), tiny_segments());
+    let one = provider.open_local(LogId(1)).await.expect("log 1 opens");
+    assert_log_holds(&one, 4).await;
+    append_records_of(&one, 5, 5).await;
+    let two = provider.open_local(LogId(2)).await.expect("open");
+    assert_log_holds(&two, 8).await;
 }
 
 #[tokio::test]
