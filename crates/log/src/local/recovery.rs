@@ -569,13 +569,14 @@ impl Scan {
             plausible.then_some((log_id, h.lsn))
         });
         let path = segment.path.display().to_string();
-        // A damaged record whose header names a record its log has trimmed away: nothing is
-        // lost with it, and the log is not refused for it. (Only records at or below their logs'
-        // trim points are left in a segment that is kept for other logs' records.)
+        // A damaged record whose header names a record its log has trimmed away, and whose
+        // length reaches exactly to the next valid record (so that no other record can hide in
+        // the damaged bytes): nothing is lost with it, and no log is refused for it.
         let trimmed = header.and_then(|h| {
             let log_id = LogId(u16::try_from(h.log_id).ok()?);
             let trim = self.trims.get(&log_id).copied()?;
-            (owner.is_none() && h.lsn >= 1 && h.lsn <= trim).then_some(log_id)
+            let alone = end == offset + HEADER_BYTES as u64 + u64::from(h.len);
+            (owner.is_none() && alone && h.lsn >= 1 && h.lsn <= trim).then_some(log_id)
         });
         // Anything else keeps the segment: what it holds is not fully known.
         if trimmed.is_none() {

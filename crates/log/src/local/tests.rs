@@ -1088,18 +1088,20 @@ async fn a_lost_middle_segment_refuses_the_logs_that_had_records_in_it() {
     append_records_of(&two, 9, 9).await;
 }
 
+/// Appends LSN 1..=10 to logs 1, 2 and 3, one record of each in turn.
+async fn three_logs_of_ten(provider: &LocalLogProvider) {
+    for lsn in 1..=10 {
+        for log in 1..=3 {
+            let log = provider.open_local(LogId(log)).await.expect("open");
+            append_records_of(&log, lsn, lsn).await;
+        }
+    }
+}
+
 /// Appends LSN 1..=10 to logs 1, 2 and 3, one record of each in turn, and flips a byte in the
 /// payload of log 2's LSN 5. Returns the damaged segment's path and the damaged record's offset.
 async fn damage_log_2_of_three(dir: &Path) -> (PathBuf, usize) {
-    {
-        let provider = provider(dir, LocalLogOptions::default());
-        for lsn in 1..=10 {
-            for log in 1..=3 {
-                let log = provider.open_local(LogId(log)).await.expect("open");
-                append_records_of(&log, lsn, lsn).await;
-            }
-        }
-    }
+    three_logs_of_ten(&provider(dir, LocalLogOptions::default())).await;
     let segment = segment_path(dir, 1);
     let mut bytes = written_bytes(&segment);
     let offset = 13 * RECORD_BYTES;
@@ -1235,6 +1237,35 @@ async fn trimming_a_damaged_log_past_its_damage_offline_loses_no_record_after_it
         let log = provider.open_local(LogId(log_id)).await.expect("open");
         assert_log_holds(&log, 10).await;
     }
+}
+
+#[tokio::test]
+async fn damage_past_a_trimmed_record_that_may_hide_another_log_s_last_one_refuses_every_log() {
+    let dir = TempDir::new().expect("temporary directory");
+    {
+        let provider = provider(dir.path(), LocalLogOptions::default());
+        three_logs_of_ten(&provider).await;
+        let one = provider.open_local(LogId(1)).await.expect("open");
+        append_records_of(&one, 11, 12).await;
+    }
+    // Log 2's LSN 10 and, right after it, log 3's last record: damaged together.
+    let segment = segment_path(dir.path(), 1);
+    let mut bytes = written_bytes(&segment);
+    let found = walk(&bytes);
+    assert_eq!((found[28].1, found[28].2), (2, 10));
+    assert_eq!((found[29].1, found[29].2), (3, 10));
+    bytes[found[28].0 + HEADER_BYTES + 2] ^= 0x04;
+    bytes[found[29].0 + 4] ^= 0x04;
+    fs::write(&segment, &bytes).expect("damage");
+    let options = LocalLogOptions::default();
+
+    // Log 2 no longer needs its LSN 10, but log 3 may have lost its last record in those bytes
+    // with nothing after it to show a gap.
+    let trimmed = trim_log_offline(dir.path(), LogId(2), 10, &options).expect("trim");
+    assert!(trimmed.refused_all, "{trimmed:?}");
+    let provider = provider(dir.path(), options);
+    let (_, _, detail) = expect_corrupt(provider.open_local(LogId(3)).await);
+    assert!(detail.contains("every log is refused"), "{detail}");
 }
 
 #[tokio::test]
