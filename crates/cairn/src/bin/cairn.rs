@@ -223,6 +223,11 @@ fn print_log_repair(repair: &cairn_node::tools::LogRepair) {
         cut.dropped_damaged_bytes,
         cut.dropped_lsns.len()
     );
+    if cut.damage_may_have_held_other_records {
+        println!(
+            "The damaged bytes were more than one record: another partition's records may have been among them, unreadable (a partition whose newest writes they were shows no gap). The copies below keep them as they were."
+        );
+    }
     for (segment, copy) in &cut.rewritten {
         println!(
             "Rewrote {}; it was kept as {} (delete it once the partition serves again).",

@@ -38,6 +38,9 @@ pub struct CutReport {
     pub dropped_lsns: Vec<u64>,
     /// Damaged bytes left out.
     pub dropped_damaged_bytes: u64,
+    /// Whether some of those bytes were more than the damaged record of this log: records of
+    /// other logs may have been in them (and were unreadable already).
+    pub damage_may_have_held_other_records: bool,
     /// Each rewritten segment, with the copy kept of it as it was.
     pub rewritten: Vec<(PathBuf, PathBuf)>,
 }
@@ -185,6 +188,7 @@ pub fn cut_log(
         tail: plan.keeps_through,
         dropped_lsns,
         dropped_damaged_bytes: plan.damaged_bytes,
+        damage_may_have_held_other_records: plan.damage_may_hide_records,
         rewritten,
     })
 }

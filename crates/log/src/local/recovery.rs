@@ -72,6 +72,9 @@ struct BadSpot {
     detail: String,
     /// The logs refused for it.
     blamed: Vec<LogId>,
+    /// Whether it is one record: its header's length reaches exactly to `end`. If not, other
+    /// records may lie in it.
+    alone: bool,
 }
 
 /// What a scan for [`cut_plan`] found of the log to cut, and what it leaves the others.
@@ -95,6 +98,9 @@ pub(super) struct CutPlan {
     pub dropped_lsns: Vec<u64>,
     /// Bytes of the damage blamed on the log, among `drops`.
     pub damaged_bytes: u64,
+    /// Whether some of that damage is longer than the record that names the log: records of
+    /// other logs may have been lost in it.
+    pub damage_may_hide_records: bool,
     /// Every segment's path and the end of what it holds (a torn tail and preallocated zeros
     /// excluded).
     pub segments: BTreeMap<u64, (PathBuf, u64)>,
@@ -129,13 +135,14 @@ pub(super) fn cut_plan(
             dropped_lsns.push(w.lsn);
         }
     }
-    let mut damaged_bytes = 0;
+    let (mut damaged_bytes, mut damage_may_hide_records) = (0, false);
     for spot in scan.bad_spots.iter().filter(|s| s.blamed.contains(&log_id)) {
         drops
             .entry(spot.at.0)
             .or_default()
             .push(spot.at.1..spot.end);
         damaged_bytes += spot.end - spot.at.1;
+        damage_may_hide_records |= !spot.alone;
     }
     for ranges in drops.values_mut() {
         ranges.sort_by_key(|r| r.start);
@@ -170,6 +177,7 @@ pub(super) fn cut_plan(
         drops,
         dropped_lsns,
         damaged_bytes,
+        damage_may_hide_records,
         segments,
         logs,
     })
@@ -572,10 +580,10 @@ impl Scan {
         // A damaged record whose header names a record its log has trimmed away, and whose
         // length reaches exactly to the next valid record (so that no other record can hide in
         // the damaged bytes): nothing is lost with it, and no log is refused for it.
+        let alone = header.is_some_and(|h| end == offset + HEADER_BYTES as u64 + u64::from(h.len));
         let trimmed = header.and_then(|h| {
             let log_id = LogId(u16::try_from(h.log_id).ok()?);
             let trim = self.trims.get(&log_id).copied()?;
-            let alone = end == offset + HEADER_BYTES as u64 + u64::from(h.len);
             (owner.is_none() && alone && h.lsn >= 1 && h.lsn <= trim).then_some(log_id)
         });
         // Anything else keeps the segment: what it holds is not fully known.
@@ -612,6 +620,7 @@ impl Scan {
                 .or(trimmed)
                 .into_iter()
                 .collect(),
+            alone,
         });
     }
 

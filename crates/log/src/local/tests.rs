@@ -1121,6 +1121,7 @@ async fn cutting_a_damaged_log_gives_up_its_records_from_the_damage_on_and_no_ot
     assert_eq!(report.tail, 4);
     assert_eq!(report.dropped_lsns, vec![6, 7, 8, 9, 10]);
     assert_eq!(report.dropped_damaged_bytes, RECORD_BYTES as u64);
+    assert!(!report.damage_may_have_held_other_records);
     let backup = PathBuf::from(format!("{}{BEFORE_CUT_SUFFIX}", segment.display()));
     assert_eq!(report.rewritten, vec![(segment.clone(), backup.clone())]);
     assert_eq!(
@@ -1266,6 +1267,39 @@ async fn damage_past_a_trimmed_record_that_may_hide_another_log_s_last_one_refus
     let provider = provider(dir.path(), options);
     let (_, _, detail) = expect_corrupt(provider.open_local(LogId(3)).await);
     assert!(detail.contains("every log is refused"), "{detail}");
+}
+
+#[tokio::test]
+async fn cutting_one_log_out_of_damage_that_spans_two_logs_records_leaves_the_other_refused() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (segment, offset) = damage_log_2_of_three(dir.path()).await;
+    // Log 3's LSN 5, right after log 2's damaged LSN 5, is damaged too.
+    let mut bytes = fs::read(&segment).expect("segment");
+    bytes[offset + RECORD_BYTES + 4] ^= 0x10;
+    fs::write(&segment, &bytes).expect("damage");
+    let options = LocalLogOptions::default();
+
+    let report = cut_log(dir.path(), LogId(2), &options).expect("cut");
+    assert_eq!(report.tail, 4);
+    assert_eq!(report.dropped_damaged_bytes, 2 * RECORD_BYTES as u64);
+    assert!(report.damage_may_have_held_other_records);
+    let seen = inspect_log(dir.path(), LogId(3), &options).expect("inspect");
+    assert!(
+        seen.refused
+            .as_deref()
+            .is_some_and(|r| r.contains("records are missing")),
+        "log 3 still misses its LSN 5: {seen:?}"
+    );
+    assert_eq!(
+        cut_log(dir.path(), LogId(3), &options).expect("cut").tail,
+        4
+    );
+
+    let provider = provider(dir.path(), options);
+    assert_log_holds(&provider.open_local(LogId(1)).await.expect("open"), 10).await;
+    for log_id in [2, 3] {
+        assert_log_holds(&provider.open_local(LogId(log_id)).await.expect("open"), 4).await;
+    }
 }
 
 #[tokio::test]
