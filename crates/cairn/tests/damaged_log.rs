@@ -250,6 +250,32 @@ async fn write_then_cut_the_log(dir: &Path, keys: &[String]) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_lost_its_end_is_trimmed_to_what_the_store_holds_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 6);
+    let applied = write_then_cut_the_log(dir.path(), &keys).await;
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert!(status.contains("cairn repair-log -p 2"), "{status}");
+    server.stop();
+
+    let repaired = repair_log(dir.path());
+    for needle in [
+        format!("the log lost records {applied}..={applied}, and the store holds them"),
+        format!("Moved the trim point of partition 2's log up to LSN {applied}"),
+        "No record was given up".to_string(),
+    ] {
+        assert!(repaired.contains(&needle), "{needle:?} missing: {repaired}");
+    }
+    let server = start(dir.path());
+    let (applied_now, tail, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    // The announcement of the new start follows the store's LSN.
+    assert_eq!((applied_now, tail), (applied + 1, applied + 1));
+    assert_all_there(&server.address, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_cut_at_its_tail_can_be_accepted_by_dropping_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_of(DAMAGED, "key", 6);

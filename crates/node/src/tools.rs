@@ -245,12 +245,38 @@ pub fn repair_log(
             log_dir.display()
         );
     }
+    let applied = store_applied_lsn(base_dir, partition);
     let Some(refused) = seen.refused.clone() else {
-        bail!("the log of partition {partition} opens as it is; there is nothing to repair");
+        // The log opens, but it may have lost its end: records the store applied.
+        let end = seen.highest_seen.max(seen.trim_point);
+        let Some(applied) = applied.filter(|applied| applied.0 > end) else {
+            bail!("the log of partition {partition} opens as it is; there is nothing to repair");
+        };
+        let asked = format!(
+            "The log of partition {partition} ends at LSN {end}, but its store has applied it up to LSN {applied}: the log lost records {}..={applied}, and the store holds them. Moving the log's trim point up to LSN {applied} gives up nothing; the log goes on after it. Until the partition's next snapshot (`cairnctl snapshots create -p {partition}` once the node serves), the store is the only copy of those records. Move it?",
+            end + 1
+        );
+        if !confirm(&asked)? {
+            bail!("cancelled; nothing was changed");
+        }
+        trim_log_offline(&log_dir, log_id, applied.0, &options)
+            .with_context(|| format!("move the trim point of partition {partition}'s log"))?;
+        return Ok(LogRepair {
+            partition,
+            refused: format!("the log ends at LSN {end}, before the store's LSN {applied}"),
+            trimmed_to: Some((applied, Holder::Store)),
+            cut: None,
+            store_ahead: None,
+        });
     };
+    if seen.trim_point_damaged {
+        bail!(
+            "{refused}. The damaged file is the log's trim point, which repair-log does not mend: put it back from a backup"
+        );
+    }
     if seen.refused_all {
         bail!(
-            "{refused}. The damage cannot be put on one partition's log, so repair-log cannot mend one log alone: put the segment back from a backup, or cut the segment at the damaged offset (`truncate -s <offset> <segment>`), which gives up every partition's records after it"
+            "{refused}. This is not the damage of one partition's log, so repair-log cannot mend it: put the file back from a backup, or, for damaged bytes, cut the shared segment at their offset (`truncate -s <offset> <segment>`), which gives up every partition's records after it"
         );
     }
     let mut repair = LogRepair {
@@ -260,11 +286,19 @@ pub fn repair_log(
         cut: None,
         store_ahead: None,
     };
-    let applied = store_applied_lsn(base_dir, partition);
-    let newest = newest_snapshot(config, partition)?;
-    // Past the damage, and no further than the log went (a snapshot beyond it holds records
-    // that this log never had).
-    let covers = |lsn: Lsn| lsn.0 > seen.valid_through && lsn.0 <= seen.highest_seen;
+    // A repository that cannot be read leaves the store and the cut: said in the question.
+    let (newest, unread) = match newest_snapshot(config, partition) {
+        Ok(newest) => (newest, String::new()),
+        Err(err) => (
+            None,
+            format!(
+                " (The snapshot repository could not be read, and a snapshot there may reach further: {err:#}.)"
+            ),
+        ),
+    };
+    // Past the damage. Past the log's highest record too, when the store or the snapshot holds
+    // more than the log does (the log lost its end): the log then goes on after that LSN.
+    let covers = |lsn: Lsn| lsn.0 > seen.valid_through;
     // At the same LSN, the snapshot: the store is then not the records' only copy.
     let covering = [
         newest
@@ -309,7 +343,7 @@ pub fn repair_log(
         }
     };
     let asked = format!(
-        "The log of partition {partition} is refused: {}\n\n{held} Cutting the log at the end of its valid records gives up its records LSN {given_up}..={}: writes to partition {partition} that were acknowledged. The other partitions' records are kept, and a copy of each rewritten segment is kept beside it. Cut it?",
+        "The log of partition {partition} is refused: {}\n\n{held}{unread} Cutting the log at the end of its valid records gives up its records LSN {given_up}..={}: writes to partition {partition} that were acknowledged. The other partitions' records are kept, and a copy of each rewritten segment is kept beside it. Cut it?",
         seen.refused.as_deref().unwrap_or(&refused),
         seen.highest_seen.max(given_up)
     );

@@ -118,8 +118,11 @@ pub enum Error {
         "partition {partition}: its store has applied the log up to LSN {applied}, but the log \
          ends at LSN {tail}: records {}..={applied} were lost from the log (a disk or \
          file-system fault), so the partition is stopped rather than serve different records at \
-         those LSNs. Either restore it from a snapshot with `cairnctl partitions restore -p \
-         {partition}`, which needs a snapshot at LSN {tail} or earlier and replays the log after \
+         those LSNs. To keep what the store holds, stop the node and run `cairn repair-log -p \
+         {partition}` with the node's base dir (a local log): it moves the log's trim point up to \
+         LSN {applied}, and nothing is lost. Or restore it from a snapshot with `cairnctl \
+         partitions restore -p {partition}`, which needs a snapshot at LSN {tail} or earlier and \
+         replays the log after \
          it, or accept losing records {}..={applied}: stop the node, run `cairn drop-partition \
          -p {partition}` with the node's base dir (its --base-dir or configuration) and start it \
          again, which rebuilds the store from the log (and from a snapshot if the log is trimmed) without them",

@@ -14,8 +14,8 @@
 //! leaves each segment either as it was or rewritten; a log whose later records are still in a
 //! segment not yet rewritten is refused at open, as before, and running the cut again finishes it.
 
-use super::record::{READ_CHUNK_BYTES, sync_dir, write_trim_point};
-use super::recovery::{CutPlan, cut_plan};
+use super::record::{READ_CHUNK_BYTES, accept_damage, sync_dir, write_trim_point};
+use super::recovery::{Assumed, CutPlan, cut_plan};
 use super::{LOCK_FILE, LocalLogOptions, Refusal, WAL_DIR, lock_dir};
 use cairn_types::LogId;
 use std::fs::{self, File, OpenOptions};
@@ -61,10 +61,17 @@ pub enum CutError {
     /// The rewrite happened, but a new read of the logs does not show what it should.
     #[error(
         "the segments were rewritten, but reading them again does not show what the cut should \
-         have left: {detail}. The segments as they were are kept beside them (*{BEFORE_CUT_SUFFIX}): \
-         to undo the cut, move each back over its rewritten segment"
+         have left: {detail}. To undo the cut, move each copy back over its segment: {}",
+        undo.iter()
+            .map(|(segment, copy)| format!("`mv {} {}`", copy.display(), segment.display()))
+            .collect::<Vec<_>>()
+            .join(", ")
     )]
-    Unverified { detail: String },
+    Unverified {
+        detail: String,
+        /// Each rewritten segment and the copy kept of it as it was.
+        undo: Vec<(PathBuf, PathBuf)>,
+    },
 }
 
 /// What recovery makes of one log, for an operator about to repair it.
@@ -82,6 +89,8 @@ pub struct LogInspection {
     pub highest_seen: u64,
     /// Whether the log exists at all (a directory or a record).
     pub known: bool,
+    /// Whether its trim point file is damaged (which neither a trim nor a cut mends).
+    pub trim_point_damaged: bool,
 }
 
 impl LogInspection {
@@ -99,6 +108,7 @@ impl LogInspection {
             valid_through: plan.keeps_through,
             highest_seen: plan.highest_seen,
             known: plan.known,
+            trim_point_damaged: plan.trim_point_damaged,
         }
     }
 }
@@ -111,14 +121,18 @@ pub fn inspect_log(
     options: &LocalLogOptions,
 ) -> Result<LogInspection, CutError> {
     let _lock = lock_existing(dir)?;
-    let plan = cut_plan(dir, &dir.join(WAL_DIR), options, log_id)?;
+    let plan = cut_plan(dir, &dir.join(WAL_DIR), options, log_id, None)?;
     Ok(LogInspection::of(log_id, &plan))
 }
 
 /// Moves the trim point of log `log_id` in `dir` (which must not be open) up to `up_to`, as a
 /// trim would, for a log that cannot be opened to trim it: its records up to there, damaged or
-/// not, are then no longer needed (the caller knows that something else holds them). Returns
-/// what the log looks like afterwards. Blocking.
+/// not, are then no longer needed (the caller knows that something else holds them). The damage
+/// that is the log's own is accepted for it, by position, so that it refuses nothing any more
+/// (damage elsewhere is judged as always). `up_to` may lie past the log's highest record: the
+/// next append then gets the LSN after it. Refused, changing nothing, when the log would then
+/// meet damage that no log can be blamed for. Returns what the log looks like afterwards.
+/// Blocking.
 pub fn trim_log_offline(
     dir: &Path,
     log_id: LogId,
@@ -127,19 +141,54 @@ pub fn trim_log_offline(
 ) -> Result<LogInspection, CutError> {
     let _lock = lock_existing(dir)?;
     let wal_dir = dir.join(WAL_DIR);
-    let plan = cut_plan(dir, &wal_dir, options, log_id)?;
-    if up_to <= plan.trim_point || up_to > plan.highest_seen {
+    let plan = cut_plan(dir, &wal_dir, options, log_id, None)?;
+    if !plan.known {
+        return Err(no_such_log(log_id));
+    }
+    if plan.trim_point_damaged {
+        return Err(trim_point_damaged(log_id));
+    }
+    if up_to <= plan.trim_point {
+        return Err(CutError::NotCuttable {
+            log_id,
+            detail: format!("LSN {up_to} is not past its trim point {}", plan.trim_point),
+        });
+    }
+    let assumed = Assumed {
+        trim_point: up_to,
+        accepted: plan.own_spots.clone(),
+    };
+    let then = cut_plan(dir, &wal_dir, options, log_id, Some(assumed))?;
+    if let Some(Refusal::Corrupt { path, detail, .. }) = &then.refused_all {
         return Err(CutError::NotCuttable {
             log_id,
             detail: format!(
-                "LSN {up_to} is not between its trim point {} and its highest LSN {}",
-                plan.trim_point, plan.highest_seen
+                "trimmed to LSN {up_to}, it would meet damage that no log can be blamed for \
+                 ({path}: {detail}); nothing was changed"
             ),
         });
     }
-    write_trim_point(&dir.join(log_id.0.to_string()), up_to, options.fsync)?;
-    let after = cut_plan(dir, &wal_dir, options, log_id)?;
+    let log_dir = dir.join(log_id.0.to_string());
+    accept_damage(&log_dir, &plan.own_spots, options.fsync)?;
+    write_trim_point(&log_dir, up_to, options.fsync)?;
+    let after = cut_plan(dir, &wal_dir, options, log_id, None)?;
     Ok(LogInspection::of(log_id, &after))
+}
+
+fn no_such_log(log_id: LogId) -> CutError {
+    CutError::Io(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("there is no log {log_id}: it has neither a directory nor a record"),
+    ))
+}
+
+fn trim_point_damaged(log_id: LogId) -> CutError {
+    CutError::NotCuttable {
+        log_id,
+        detail: "its trim point file is damaged, which neither a trim nor a cut mends; put the \
+                 file back from a backup"
+            .into(),
+    }
 }
 
 /// Locks `dir`, which must hold a log.
@@ -165,7 +214,7 @@ pub fn cut_log(
 ) -> Result<CutReport, CutError> {
     let _lock = lock_existing(dir)?;
     let wal_dir = dir.join(WAL_DIR);
-    let plan = cut_plan(dir, &wal_dir, options, log_id)?;
+    let plan = cut_plan(dir, &wal_dir, options, log_id, None)?;
     check_cuttable(log_id, &plan)?;
     let mut rewritten = Vec::new();
     for (seq, ranges) in &plan.drops {
@@ -179,8 +228,13 @@ pub fn cut_log(
     if options.fsync {
         sync_dir(&wal_dir)?;
     }
-    let again = cut_plan(dir, &wal_dir, options, log_id)?;
-    verify(log_id, &plan, &again)?;
+    let again = cut_plan(dir, &wal_dir, options, log_id, None)?;
+    if let Err(detail) = verify(log_id, &plan, &again) {
+        return Err(CutError::Unverified {
+            detail,
+            undo: rewritten,
+        });
+    }
     let mut dropped_lsns = plan.dropped_lsns.clone();
     dropped_lsns.sort_unstable();
     Ok(CutReport {
@@ -195,10 +249,10 @@ pub fn cut_log(
 
 fn check_cuttable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
     if !plan.known {
-        return Err(CutError::Io(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("there is no log {log_id}: it has neither a directory nor a record"),
-        )));
+        return Err(no_such_log(log_id));
+    }
+    if plan.trim_point_damaged {
+        return Err(trim_point_damaged(log_id));
     }
     if let Some(Refusal::Corrupt { detail, path, .. }) = &plan.refused_all {
         return Err(CutError::NotCuttable {
@@ -221,8 +275,8 @@ fn check_cuttable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
         }),
         Some(Refusal::Corrupt { .. }) if plan.drops.is_empty() => Err(CutError::NotCuttable {
             log_id,
-            detail: "it is refused for its trim point file, not for its records; put the file \
-                     back from a backup"
+            detail: "none of its records or damage lies past its valid records, so a cut would \
+                     leave out nothing"
                 .into(),
         }),
         Some(Refusal::Corrupt { .. }) => Ok(()),
@@ -318,8 +372,11 @@ fn kept_ranges(end: u64, drops: &[Range<u64>]) -> Vec<Range<u64>> {
 
 /// The logs as read again after the cut: the cut log opens and ends where the plan said, and
 /// every other log has the tail and the standing it had.
-fn verify(log_id: LogId, before: &CutPlan, after: &CutPlan) -> Result<(), CutError> {
+fn verify(log_id: LogId, before: &CutPlan, after: &CutPlan) -> Result<(), String> {
     let mut problems = Vec::new();
+    if let Some(refusal) = &after.refused_all {
+        problems.push(format!("every log is refused ({refusal:?})"));
+    }
     if let Some(refusal) = &after.refusal {
         problems.push(format!("log {log_id} is still refused ({refusal:?})"));
     }
@@ -348,9 +405,7 @@ fn verify(log_id: LogId, before: &CutPlan, after: &CutPlan) -> Result<(), CutErr
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(CutError::Unverified {
-            detail: problems.join("; "),
-        })
+        Err(problems.join("; "))
     }
 }
 

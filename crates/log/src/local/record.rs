@@ -14,6 +14,9 @@ pub(super) const READ_CHUNK_BYTES: usize = 256 * 1024;
 pub(super) const SEGMENT_SUFFIX: &str = ".wal";
 pub(super) const TRIM_POINT_FILE: &str = "trim-point";
 pub(super) const TRIM_POINT_TMP_FILE: &str = "trim-point.tmp";
+/// Damaged bytes an operator accepted for a log trimmed past them: one `segment offset end` per
+/// line.
+pub(super) const ACCEPTED_DAMAGE_FILE: &str = "accepted-damage";
 
 /// A record's header as found on disk (not yet checked against its payload).
 #[derive(Debug, Clone, Copy)]
@@ -296,4 +299,62 @@ pub(super) fn read_trim_point(dir: &Path) -> Result<u64, TrimPointError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(TrimPointError::Io("reading the trim point", e)),
     }
+}
+
+/// The damaged spots (segment, offset, end) accepted for the log kept in `dir`. A line that does
+/// not read as three numbers accepts nothing.
+pub(super) fn read_accepted_damage(dir: &Path) -> io::Result<Vec<(u64, u64, u64)>> {
+    let text = match fs::read_to_string(dir.join(ACCEPTED_DAMAGE_FILE)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        // Not text: accepts nothing, so the damage is judged as always.
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().ok());
+            match (
+                numbers.next(),
+                numbers.next(),
+                numbers.next(),
+                numbers.next(),
+            ) {
+                (Some(Some(seq)), Some(Some(offset)), Some(Some(end)), None) => {
+                    Some((seq, offset, end))
+                }
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Adds `spots` to the damage accepted for the log kept in `dir`, durably: the old or the new
+/// list, never a mix.
+pub(super) fn accept_damage(dir: &Path, spots: &[(u64, u64, u64)], fsync: bool) -> io::Result<()> {
+    create_dir_durably(dir, fsync)?;
+    let mut all = read_accepted_damage(dir)?;
+    for spot in spots {
+        if !all.contains(spot) {
+            all.push(*spot);
+        }
+    }
+    let text: String = all
+        .iter()
+        .map(|(seq, offset, end)| format!("{seq} {offset} {end}\n"))
+        .collect();
+    let tmp = dir.join(format!("{ACCEPTED_DAMAGE_FILE}.tmp"));
+    {
+        let file = File::create(&tmp)?;
+        file.write_all_at(text.as_bytes(), 0)?;
+        if fsync {
+            file.sync_data()?;
+        }
+    }
+    fs::rename(&tmp, dir.join(ACCEPTED_DAMAGE_FILE))?;
+    if fsync {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }

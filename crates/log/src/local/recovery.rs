@@ -91,6 +91,11 @@ pub(super) struct CutPlan {
     pub highest_seen: u64,
     /// Whether the log exists: it has a directory (a trim point) or records.
     pub known: bool,
+    /// Whether its trim point file is damaged.
+    pub trim_point_damaged: bool,
+    /// The damaged spots that are the log's own (segment, offset, end): it owns them, or was
+    /// the first log refused for them.
+    pub own_spots: Vec<(u64, u64, u64)>,
     /// Byte ranges to leave out, by segment: the log's records past its valid ones and the
     /// damage blamed on it.
     pub drops: BTreeMap<u64, Vec<std::ops::Range<u64>>>,
@@ -116,10 +121,12 @@ pub(super) fn cut_plan(
     wal_dir: &Path,
     options: &LocalLogOptions,
     log_id: LogId,
+    assume: Option<Assumed>,
 ) -> io::Result<CutPlan> {
     let mut scan = Scan {
         dry: true,
         watch: Some(log_id),
+        assume,
         ..Scan::default()
     };
     scan.run(dir, wal_dir, options)?;
@@ -136,7 +143,14 @@ pub(super) fn cut_plan(
         }
     }
     let (mut damaged_bytes, mut damage_may_hide_records) = (0, false);
-    for spot in scan.bad_spots.iter().filter(|s| s.blamed.contains(&log_id)) {
+    // Only the log's own: damage another log owns stays, and keeps refusing that log.
+    let own: Vec<&BadSpot> = scan
+        .bad_spots
+        .iter()
+        .filter(|s| s.blamed.first() == Some(&log_id))
+        .collect();
+    let own_spots = own.iter().map(|s| (s.at.0, s.at.1, s.end)).collect();
+    for spot in own {
         drops
             .entry(spot.at.0)
             .or_default()
@@ -158,6 +172,7 @@ pub(super) fn cut_plan(
     let refusal = scan.refused.get(&log_id).cloned();
     let trim_point = scan.trims.get(&log_id).copied().unwrap_or(0);
     let highest_seen = scan.next.get(&log_id).map_or(trim_point, |n| n - 1);
+    let trim_point_damaged = scan.bad_trim_points.contains(&log_id);
     let known = scan.trims.contains_key(&log_id)
         || scan.next.contains_key(&log_id)
         || scan.refused.contains_key(&log_id);
@@ -174,6 +189,8 @@ pub(super) fn cut_plan(
         trim_point,
         highest_seen,
         known,
+        trim_point_damaged,
+        own_spots,
         drops,
         dropped_lsns,
         damaged_bytes,
@@ -216,6 +233,20 @@ struct Scan {
     watched: Vec<Watched>,
     /// Where each segment's records end.
     ends: BTreeMap<u64, u64>,
+    /// Damage accepted for a log (segment, offset, end), from its `accepted-damage` file.
+    accepted: HashMap<(u64, u64, u64), LogId>,
+    /// Logs whose trim point file is damaged.
+    bad_trim_points: HashSet<LogId>,
+    /// For a dry scan: the watched log read as if its trim point and accepted damage were
+    /// these.
+    assume: Option<Assumed>,
+}
+
+/// A trim point and accepted damage to read a log with, before they are written.
+#[derive(Clone)]
+pub(super) struct Assumed {
+    pub trim_point: u64,
+    pub accepted: Vec<(u64, u64, u64)>,
 }
 
 fn io_context<'p>(
@@ -235,6 +266,12 @@ impl Scan {
         options: &LocalLogOptions,
     ) -> io::Result<Option<Active>> {
         self.read_log_dirs(dir)?;
+        if let (Some(log_id), Some(assumed)) = (self.watch, self.assume.clone()) {
+            self.trims.insert(log_id, assumed.trim_point);
+            for spot in assumed.accepted {
+                self.accepted.insert(spot, log_id);
+            }
+        }
         let files = self.list_segments(wal_dir)?;
         let mut active = None;
         let count = files.len();
@@ -268,11 +305,17 @@ impl Scan {
                 self.refused.insert(log_id, Refusal::OldLayout { path });
                 continue;
             }
+            for spot in record::read_accepted_damage(&path)
+                .map_err(io_context("reading the accepted damage in", &path))?
+            {
+                self.accepted.insert(spot, log_id);
+            }
             match record::read_trim_point(&path) {
                 Ok(trim_point) => {
                     self.trims.insert(log_id, trim_point);
                 }
                 Err(TrimPointError::Corrupt(detail)) => {
+                    self.bad_trim_points.insert(log_id);
                     let path = path.join(record::TRIM_POINT_FILE).display().to_string();
                     self.refused.insert(
                         log_id,
@@ -577,25 +620,24 @@ impl Scan {
             plausible.then_some((log_id, h.lsn))
         });
         let path = segment.path.display().to_string();
-        // A damaged record whose header names a record its log has trimmed away, and whose
-        // length reaches exactly to the next valid record (so that no other record can hide in
-        // the damaged bytes): nothing is lost with it, and no log is refused for it.
         let alone = header.is_some_and(|h| end == offset + HEADER_BYTES as u64 + u64::from(h.len));
-        let trimmed = header.and_then(|h| {
-            let log_id = LogId(u16::try_from(h.log_id).ok()?);
-            let trim = self.trims.get(&log_id).copied()?;
-            (owner.is_none() && alone && h.lsn >= 1 && h.lsn <= trim).then_some(log_id)
-        });
-        // Anything else keeps the segment: what it holds is not fully known.
-        if trimmed.is_none() {
-            self.damaged.insert(segment.seq);
-        }
-        if let Some(log_id) = trimmed {
-            tracing::warn!(
+        // Damage an operator accepted for a log whose trim point they moved past it
+        // (`trim_log_offline`): put on that log, which is not refused for it. Only these exact
+        // bytes: damage anywhere else is judged as always.
+        let accepted = self
+            .accepted
+            .get(&(segment.seq, offset, end))
+            .copied()
+            .filter(|_| owner.is_none());
+        match accepted {
+            Some(log_id) => tracing::warn!(
                 %path, offset, log = log_id.0, %detail,
-                "a damaged record in the log names a record its log has trimmed away; nothing \
-                 that is still needed is lost with it"
-            );
+                "damaged bytes in the log, accepted for a log trimmed past them"
+            ),
+            // Anything else keeps the segment: what it holds is not fully known.
+            None => {
+                self.damaged.insert(segment.seq);
+            }
         }
         if let Some((log_id, lsn)) = owner {
             self.next.insert(log_id, lsn + 1);
@@ -617,7 +659,7 @@ impl Scan {
             detail: format!("damaged record at offset {offset}: {detail}{after}{shared}"),
             blamed: owner
                 .map(|(log_id, _)| log_id)
-                .or(trimmed)
+                .or(accepted)
                 .into_iter()
                 .collect(),
             alone,

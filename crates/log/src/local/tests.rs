@@ -1215,17 +1215,16 @@ async fn trimming_a_damaged_log_past_its_damage_offline_loses_no_record_after_it
         (seen.trim_point, seen.valid_through, seen.highest_seen),
         (0, 4, 10)
     );
-    assert!(matches!(
-        trim_log_offline(dir.path(), LogId(2), 11, &options),
-        Err(CutError::NotCuttable { .. })
-    ));
-
     // Below the damage, the log stays refused.
     let below = trim_log_offline(dir.path(), LogId(2), 3, &options).expect("trim");
     assert!(below.refused.is_some(), "{below:?}");
     let past = trim_log_offline(dir.path(), LogId(2), 5, &options).expect("trim");
     assert_eq!(past.refused, None);
     assert_eq!((past.trim_point, past.valid_through), (5, 10));
+    assert!(matches!(
+        trim_log_offline(dir.path(), LogId(2), 5, &options),
+        Err(CutError::NotCuttable { .. })
+    ));
 
     let provider = provider(dir.path(), options);
     let two = provider.open_local(LogId(2)).await.expect("log 2 opens");
@@ -1241,32 +1240,36 @@ async fn trimming_a_damaged_log_past_its_damage_offline_loses_no_record_after_it
 }
 
 #[tokio::test]
-async fn damage_past_a_trimmed_record_that_may_hide_another_log_s_last_one_refuses_every_log() {
+async fn damage_that_names_a_trimmed_record_refuses_every_log_unless_accepted_for_it() {
     let dir = TempDir::new().expect("temporary directory");
     {
         let provider = provider(dir.path(), LocalLogOptions::default());
         three_logs_of_ten(&provider).await;
         let one = provider.open_local(LogId(1)).await.expect("open");
         append_records_of(&one, 11, 12).await;
+        let two = provider.open_local(LogId(2)).await.expect("open");
+        two.trim(Lsn(10)).await.expect("trim");
     }
-    // Log 2's LSN 10 and, right after it, log 3's last record: damaged together.
+    // One bit of the header of log 3's last record: it now names log 2's LSN 10, which log 2 has
+    // trimmed. Were that taken at its word, log 3 would lose its last record without a trace.
     let segment = segment_path(dir.path(), 1);
     let mut bytes = written_bytes(&segment);
     let found = walk(&bytes);
-    assert_eq!((found[28].1, found[28].2), (2, 10));
     assert_eq!((found[29].1, found[29].2), (3, 10));
-    bytes[found[28].0 + HEADER_BYTES + 2] ^= 0x04;
-    bytes[found[29].0 + 4] ^= 0x04;
+    bytes[found[29].0 + 8] ^= 0x01;
     fs::write(&segment, &bytes).expect("damage");
-    let options = LocalLogOptions::default();
 
-    // Log 2 no longer needs its LSN 10, but log 3 may have lost its last record in those bytes
-    // with nothing after it to show a gap.
-    let trimmed = trim_log_offline(dir.path(), LogId(2), 10, &options).expect("trim");
-    assert!(trimmed.refused_all, "{trimmed:?}");
-    let provider = provider(dir.path(), options);
-    let (_, _, detail) = expect_corrupt(provider.open_local(LogId(3)).await);
-    assert!(detail.contains("every log is refused"), "{detail}");
+    let provider = provider(dir.path(), LocalLogOptions::default());
+    for log_id in [1, 2, 3] {
+        let (_, _, detail) = expect_corrupt(provider.open_local(LogId(log_id)).await);
+        assert!(detail.contains("every log is refused"), "{detail}");
+    }
+    drop(provider);
+    // Log 2 cannot take it as its own: it is not the log's damage (no log owns it).
+    assert!(matches!(
+        trim_log_offline(dir.path(), LogId(2), 11, &LocalLogOptions::default()),
+        Err(CutError::NotCuttable { detail, .. }) if detail.contains("no log can be blamed")
+    ));
 }
 
 #[tokio::test]
