@@ -468,6 +468,41 @@ async fn repair_log_trims_past_damage_that_the_store_has_applied_and_loses_nothi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_log_trims_to_the_snapshot_then_to_the_store_past_a_second_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    let server = start(dir.path());
+    put_each(&server.address, &keys[..20]).await;
+    ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    ));
+    put_each(&server.address, &keys[20..]).await;
+    server.stop();
+    // One damaged record below the snapshot's LSN, one between it and the store's.
+    let segment = last_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    for n in [9, 29] {
+        let (offset, _) = record_at(&bytes, DAMAGED, n);
+        bytes[offset + RECORD_HEADER_BYTES + 3] ^= 0x20;
+    }
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let repaired = repair_log(dir.path());
+    assert_eq!(
+        repaired.matches("Move it? (--yes)").count(),
+        2,
+        "a trim to the snapshot, then one to the store: {repaired}"
+    );
+    assert!(repaired.contains("No record was given up"), "{repaired}");
+    assert!(!repaired.contains("Cut partition"), "{repaired}");
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert_all_there(&server.address, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_of(DAMAGED, "key", 40);

@@ -296,34 +296,46 @@ pub fn repair_log(
             ),
         ),
     };
-    // Past the damage. Past the log's highest record too, when the store or the snapshot holds
-    // more than the log does (the log lost its end): the log then goes on after that LSN.
-    let covers = |lsn: Lsn| lsn.0 > seen.valid_through;
-    // At the same LSN, the snapshot: the store is then not the records' only copy.
-    let covering = [
-        newest
-            .as_ref()
-            .filter(|(_, lsn)| covers(*lsn))
-            .map(|(id, lsn)| (*lsn, Holder::Snapshot(id.clone()))),
-        applied.filter(|a| covers(*a)).map(|a| (a, Holder::Store)),
-    ]
-    .into_iter()
-    .flatten()
-    .min_by_key(|(lsn, _)| *lsn);
-    if let Some((lsn, holder)) = covering {
+    // Trims while something holds the log's records past its damage: a second trim when there is
+    // more damage past the first. The trim points only move up, so this ends.
+    loop {
+        // Past the damage. Past the log's highest record too, when the store or the snapshot
+        // holds more than the log does (the log lost its end): the log then goes on after it.
+        let covers = |lsn: Lsn| lsn.0 > seen.valid_through && lsn.0 > seen.trim_point;
+        // At the same LSN, the snapshot: the store is then not the records' only copy.
+        let covering = [
+            newest
+                .as_ref()
+                .filter(|(_, lsn)| covers(*lsn))
+                .map(|(id, lsn)| (*lsn, Holder::Snapshot(id.clone()))),
+            applied.filter(|a| covers(*a)).map(|a| (a, Holder::Store)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(lsn, _)| *lsn);
+        let Some((lsn, holder)) = covering else {
+            break;
+        };
         let why = match &holder {
             Holder::Store => format!(
-                "The partition's store has applied the log up to LSN {}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the store does not hold. Until the partition's next snapshot (`cairnctl snapshots create -p {partition}` once the node serves), the store is the only copy of those records.",
-                applied.unwrap_or(lsn)
+                "The partition's store has applied the log up to LSN {lsn}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the store does not hold. Until the partition's next snapshot (`cairnctl snapshots create -p {partition}` once the node serves), the store is the only copy of those records."
             ),
             Holder::Snapshot(snapshot) => format!(
                 "Snapshot {snapshot} holds the partition up to LSN {lsn}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the snapshot does not hold, and the partition restores from the snapshot at the next start if its store is behind it."
             ),
         };
+        let now_refused = seen.refused.clone().unwrap_or_else(|| refused.clone());
         let asked =
-            format!("The log of partition {partition} is refused: {refused}\n\n{why} Move it?");
+            format!("The log of partition {partition} is refused: {now_refused}\n\n{why} Move it?");
         if !confirm(&asked)? {
-            bail!("cancelled; nothing was changed");
+            bail!(
+                "cancelled; {}",
+                if repair.trimmed_to.is_some() {
+                    "the trim point was moved once, nothing else was changed"
+                } else {
+                    "nothing was changed"
+                }
+            );
         }
         seen = trim_log_offline(&log_dir, log_id, lsn.0, &options)
             .with_context(|| format!("move the trim point of partition {partition}'s log"))?;

@@ -610,13 +610,13 @@ impl Scan {
         };
         let shared = " (the segment holds records of other logs too: cutting it also drops \
                       theirs from that offset on)";
+        // A log already refused can own a second damaged record: its next LSN is still known
+        // (one past the highest it showed).
         let owner = header.and_then(|h| {
             let log_id = LogId(u16::try_from(h.log_id).ok()?);
-            let plausible = !self.refused.contains_key(&log_id)
-                && (self.trims.contains_key(&log_id)
-                    || self.next.contains_key(&log_id)
-                    || h.lsn == 1)
-                && h.lsn == self.expected(log_id);
+            let plausible =
+                (self.trims.contains_key(&log_id) || self.next.contains_key(&log_id) || h.lsn == 1)
+                    && h.lsn == self.expected(log_id);
             plausible.then_some((log_id, h.lsn))
         });
         let path = segment.path.display().to_string();
@@ -641,16 +641,16 @@ impl Scan {
         }
         if let Some((log_id, lsn)) = owner {
             self.next.insert(log_id, lsn + 1);
-            self.refused.insert(
-                log_id,
-                Refusal::Corrupt {
+            // The first reason stands.
+            self.refused
+                .entry(log_id)
+                .or_insert_with(|| Refusal::Corrupt {
                     path: path.clone(),
                     offset: Some(offset),
                     detail: format!(
                         "record at offset {offset} (LSN {lsn}): {detail}{after}{shared}"
                     ),
-                },
-            );
+                });
         }
         self.bad_spots.push(BadSpot {
             at: (segment.seq, offset),
