@@ -299,14 +299,15 @@ pub fn repair_log(
     // Trims while something holds the log's records past its damage: a second trim when there is
     // more damage past the first. The trim points only move up, so this ends.
     loop {
-        // Past the damage. Past the log's highest record too, when the store or the snapshot
-        // holds more than the log does (the log lost its end): the log then goes on after it.
+        // Past the damage. The store may reach past the log's highest record too (the log lost
+        // its end: the log then goes on after the store's LSN); a snapshot may not, since one
+        // past everything the log holds may be of an earlier history of this base dir.
         let covers = |lsn: Lsn| lsn.0 > seen.valid_through && lsn.0 > seen.trim_point;
         // At the same LSN, the snapshot: the store is then not the records' only copy.
         let covering = [
             newest
                 .as_ref()
-                .filter(|(_, lsn)| covers(*lsn))
+                .filter(|(_, lsn)| covers(*lsn) && lsn.0 <= seen.highest_seen)
                 .map(|(id, lsn)| (*lsn, Holder::Snapshot(id.clone()))),
             applied.filter(|a| covers(*a)).map(|a| (a, Holder::Store)),
         ]
@@ -340,9 +341,26 @@ pub fn repair_log(
         seen = trim_log_offline(&log_dir, log_id, lsn.0, &options)
             .with_context(|| format!("move the trim point of partition {partition}'s log"))?;
         repair.trimmed_to = Some((lsn, holder));
-        if seen.refused.is_none() {
+        // Opened, and not behind the store: done. (Behind it, the next turn trims to it.)
+        let end = seen.highest_seen.max(seen.trim_point);
+        if seen.refused.is_none() && applied.is_none_or(|applied| applied.0 <= end) {
             return Ok(repair);
         }
+    }
+    if seen.refused.is_none() {
+        return Ok(repair);
+    }
+    // A snapshot past everything the log holds would lie above the cut: a restore could later
+    // take its records for the ones the log gives to new writes.
+    if let Some((snapshot, lsn)) = newest
+        .as_ref()
+        .filter(|(_, lsn)| lsn.0 > seen.valid_through)
+    {
+        bail!(
+            "{}. The newest snapshot of partition {partition} ({snapshot}) is at LSN {lsn}, past everything its log holds (LSN {}): either the log lost records that the snapshot holds, or the snapshot is of an earlier history of this base dir. repair-log does not choose between them: restore the partition from a backup of its log, or remove that snapshot from the repository if it is not this history's, and run repair-log again",
+            seen.refused.as_deref().unwrap_or(&refused),
+            seen.highest_seen
+        );
     }
     let given_up = seen.valid_through + 1;
     let held = match (&repair.trimmed_to, &newest) {

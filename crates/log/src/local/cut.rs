@@ -14,7 +14,9 @@
 //! leaves each segment either as it was or rewritten; a log whose later records are still in a
 //! segment not yet rewritten is refused at open, as before, and running the cut again finishes it.
 
-use super::record::{READ_CHUNK_BYTES, accept_damage, sync_dir, write_trim_point};
+use super::record::{
+    READ_CHUNK_BYTES, accept_damage, read_accepted_damage, sync_dir, write_trim_point,
+};
 use super::recovery::{Assumed, CutPlan, cut_plan};
 use super::{LOCK_FILE, LocalLogOptions, Refusal, WAL_DIR, lock_dir};
 use cairn_types::LogId;
@@ -148,6 +150,16 @@ pub fn trim_log_offline(
     if plan.trim_point_damaged {
         return Err(trim_point_damaged(log_id));
     }
+    if let Some(Refusal::OldLayout { path }) = &plan.refusal {
+        return Err(CutError::NotCuttable {
+            log_id,
+            detail: format!(
+                "{} holds it in the layout of an earlier Cairn version, which a trim does not \
+                 change",
+                path.display()
+            ),
+        });
+    }
     if up_to <= plan.trim_point {
         return Err(CutError::NotCuttable {
             log_id,
@@ -216,6 +228,9 @@ pub fn cut_log(
     let wal_dir = dir.join(WAL_DIR);
     let plan = cut_plan(dir, &wal_dir, options, log_id, None)?;
     check_cuttable(log_id, &plan)?;
+    // Damage accepted for other logs moves with the bytes before it: accepted at its new place
+    // too, before any segment is rewritten, so that it matches before and after.
+    shift_accepted_damage(dir, &plan.drops, options)?;
     let mut rewritten = Vec::new();
     for (seq, ranges) in &plan.drops {
         let (path, end) = plan
@@ -324,6 +339,45 @@ fn rewrite_without(
         return Err(e);
     }
     Ok(backup)
+}
+
+/// Accepts, for every log that has accepted damage in a segment the cut rewrites, that damage
+/// where it will lie once the bytes before it are left out (keeping it where it lies now).
+fn shift_accepted_damage(
+    dir: &Path,
+    drops: &std::collections::BTreeMap<u64, Vec<Range<u64>>>,
+    options: &LocalLogOptions,
+) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let is_log = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.parse::<u16>().is_ok());
+        if !is_log || !entry.path().is_dir() {
+            continue;
+        }
+        let shifted: Vec<(u64, u64, u64)> = read_accepted_damage(&entry.path())?
+            .into_iter()
+            .filter_map(|(seq, offset, end)| {
+                let ranges = drops.get(&seq)?;
+                // Left out itself (the cut log's own damage): nothing to keep.
+                if ranges.iter().any(|r| r.start < end && offset < r.end) {
+                    return None;
+                }
+                let before: u64 = ranges
+                    .iter()
+                    .filter(|r| r.end <= offset)
+                    .map(|r| r.end - r.start)
+                    .sum();
+                (before > 0).then(|| (seq, offset - before, end - before))
+            })
+            .collect();
+        if !shifted.is_empty() {
+            accept_damage(&entry.path(), &shifted, options.fsync)?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `path`'s first `end` bytes without `drops` to a new file `to`, synced.

@@ -1329,6 +1329,36 @@ async fn cutting_one_log_out_of_damage_that_spans_two_logs_records_leaves_the_ot
 }
 
 #[tokio::test]
+async fn a_cut_moves_the_damage_accepted_for_another_log_with_the_bytes_before_it() {
+    let dir = TempDir::new().expect("temporary directory");
+    let (segment, _) = damage_log_2_of_three(dir.path()).await;
+    // Log 3's LSN 8, after log 2's damaged LSN 5 and some of log 2's records after it.
+    let mut bytes = fs::read(&segment).expect("segment");
+    let of_3 = 23 * RECORD_BYTES;
+    assert_eq!(walk(&written_bytes(&segment))[23], (of_3, 3, 8));
+    bytes[of_3 + HEADER_BYTES + 7] ^= 0x08;
+    fs::write(&segment, &bytes).expect("damage");
+    let options = LocalLogOptions::default();
+
+    // Log 3 is trimmed past its damage, which is accepted for it where it lies...
+    let three = trim_log_offline(dir.path(), LogId(3), 8, &options).expect("trim");
+    assert_eq!(three.refused, None);
+    // ...then log 2 is cut: the bytes before log 3's damage shrink.
+    let report = cut_log(dir.path(), LogId(2), &options).expect("cut");
+    assert_eq!(report.tail, 4);
+
+    let provider = provider(dir.path(), options);
+    assert_log_holds(&provider.open_local(LogId(1)).await.expect("open"), 10).await;
+    assert_log_holds(&provider.open_local(LogId(2)).await.expect("open"), 4).await;
+    let three = provider.open_local(LogId(3)).await.expect("log 3 opens");
+    assert_eq!(three.state().await.expect("state"), state_of(8, 10));
+    assert_eq!(
+        three.read(Lsn(9), 10).await.expect("read"),
+        records_of(3, 9, 10)
+    );
+}
+
+#[tokio::test]
 async fn cutting_a_log_with_a_lost_segment_gives_up_its_records_after_the_gap() {
     let dir = TempDir::new().expect("temporary directory");
     lose_a_middle_segment(dir.path()).await;
