@@ -503,6 +503,44 @@ async fn repair_log_trims_to_the_snapshot_then_to_the_store_past_a_second_damage
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_log_does_not_rely_on_a_snapshot_that_does_not_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_of(DAMAGED, "key", 40);
+    let server = start(dir.path());
+    put_each(&server.address, &keys).await;
+    let snapshot = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    )));
+    server.kill();
+    write_then_flip_a_byte(dir.path(), &[], true).await;
+    // One byte of a table file of the snapshot, in the repository.
+    let ssts = dir.path().join("pp-snapshots").join("2").join("ssts");
+    let table = std::fs::read_dir(&ssts)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .next()
+        .expect("a table file in the repository");
+    let mut bytes = std::fs::read(&table).unwrap();
+    bytes[10] ^= 0x01;
+    std::fs::write(&table, &bytes).unwrap();
+
+    let repaired = repair_log(dir.path());
+    for needle in [
+        format!("Snapshot {snapshot} at LSN"),
+        "does not read back whole, so it is not relied on".to_string(),
+        "the partition's store holds everything up to it".to_string(),
+        "No record was given up".to_string(),
+    ] {
+        assert!(repaired.contains(&needle), "{needle:?} missing: {repaired}");
+    }
+    let server = start(dir.path());
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert_all_there(&server.address, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_of(DAMAGED, "key", 40);

@@ -287,7 +287,7 @@ pub fn repair_log(
         store_ahead: None,
     };
     // A repository that cannot be read leaves the store and the cut: said in the question.
-    let (newest, unread) = match newest_snapshot(config, partition) {
+    let (mut newest, mut unread) = match newest_snapshot(config, partition) {
         Ok(newest) => (newest, String::new()),
         Err(err) => (
             None,
@@ -317,6 +317,17 @@ pub fn repair_log(
         let Some((lsn, holder)) = covering else {
             break;
         };
+        // A snapshot is relied on only once its files read back whole: if it could not be
+        // restored, the older ones would lie below the new trim point.
+        if let Holder::Snapshot(snapshot) = &holder
+            && let Err(err) = verify_snapshot(config, snapshot)
+        {
+            unread = format!(
+                " (Snapshot {snapshot} at LSN {lsn} does not read back whole, so it is not relied on: {err:#}.)"
+            );
+            newest = None;
+            continue;
+        }
         let why = match &holder {
             Holder::Store => format!(
                 "The partition's store has applied the log up to LSN {lsn}, past the damage: moving the log's trim point up to LSN {lsn} gives up no record that the store does not hold. Until the partition's next snapshot (`cairnctl snapshots create -p {partition}` once the node serves), the store is the only copy of those records."
@@ -326,8 +337,9 @@ pub fn repair_log(
             ),
         };
         let now_refused = seen.refused.clone().unwrap_or_else(|| refused.clone());
-        let asked =
-            format!("The log of partition {partition} is refused: {now_refused}\n\n{why} Move it?");
+        let asked = format!(
+            "The log of partition {partition} is refused: {now_refused}\n\n{why}{unread} Move it?"
+        );
         if !confirm(&asked)? {
             bail!(
                 "cancelled; {}",
@@ -411,6 +423,22 @@ fn newest_snapshot(
         .block_on(repository.latest(partition))
         .context("read the snapshot repository")?;
     Ok(latest.map(|l| (l.snapshot_id.to_string(), l.min_applied_lsn)))
+}
+
+/// Reads every file of snapshot `id` back from this cluster's repository and checks it, as
+/// `cairnctl snapshots verify` does: a snapshot that a trim is about to rely on must restore.
+fn verify_snapshot(config: &Config, id: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let _runtime_context = runtime.enter();
+    let Ok(repository) = this_clusters_repository(config, &runtime)? else {
+        bail!("there is no snapshot repository to read it from");
+    };
+    let id: cairn_snapshots::SnapshotId = id.parse().context("read the snapshot id")?;
+    runtime.block_on(repository.verify(id))?;
+    Ok(())
 }
 
 /// The LSN up to which the partition's store has applied its log, if the store opens.
