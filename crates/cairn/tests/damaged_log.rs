@@ -375,6 +375,20 @@ async fn write_then_flip_a_byte(base_dir: &Path, keys: &[String], kill: bool) ->
     lsn
 }
 
+/// Writes `keys`, snapshots the damaged partition (which flushes its store), SIGKILLs the node
+/// and flips a byte of the partition's 20th record after a restart ([`write_then_flip_a_byte`]).
+/// Returns the snapshot's id and the damaged LSN.
+async fn snapshot_then_flip_a_byte(base_dir: &Path, keys: &[String]) -> (String, u64) {
+    let server = start(base_dir);
+    put_each(&server.address, keys).await;
+    let snapshot = created_id(&ok(cairnctl(
+        &server.address,
+        &["snapshots", "create", "-p", "2"],
+    )));
+    server.kill();
+    (snapshot, write_then_flip_a_byte(base_dir, &[], true).await)
+}
+
 fn repair_log(base_dir: &Path) -> String {
     let base_dir = base_dir.to_str().unwrap();
     ok(run_cairn(
@@ -506,14 +520,7 @@ async fn repair_log_trims_to_the_snapshot_then_to_the_store_past_a_second_damage
 async fn repair_log_does_not_rely_on_a_snapshot_that_does_not_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_of(DAMAGED, "key", 40);
-    let server = start(dir.path());
-    put_each(&server.address, &keys).await;
-    let snapshot = created_id(&ok(cairnctl(
-        &server.address,
-        &["snapshots", "create", "-p", "2"],
-    )));
-    server.kill();
-    write_then_flip_a_byte(dir.path(), &[], true).await;
+    let (snapshot, _) = snapshot_then_flip_a_byte(dir.path(), &keys).await;
     // One byte of a table file of the snapshot, in the repository.
     let ssts = dir.path().join("pp-snapshots").join("2").join("ssts");
     let table = std::fs::read_dir(&ssts)
@@ -544,14 +551,7 @@ async fn repair_log_does_not_rely_on_a_snapshot_that_does_not_read_back() {
 async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let keys = keys_of(DAMAGED, "key", 40);
-    let server = start(dir.path());
-    put_each(&server.address, &keys).await;
-    let snapshot = created_id(&ok(cairnctl(
-        &server.address,
-        &["snapshots", "create", "-p", "2"],
-    )));
-    server.kill();
-    let lsn = write_then_flip_a_byte(dir.path(), &[], true).await;
+    let (snapshot, lsn) = snapshot_then_flip_a_byte(dir.path(), &keys).await;
 
     let repaired = repair_log(dir.path());
     for needle in [

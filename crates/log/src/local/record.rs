@@ -246,19 +246,31 @@ pub(super) fn create_dir_durably(dir: &Path, fsync: bool) -> io::Result<()> {
 /// Writes `trim_point` to `<dir>/trim-point` so that the file holds the old or the new value,
 /// never a mix: a temporary file, synced, renamed over it, the directory synced.
 pub(super) fn write_trim_point(dir: &Path, trim_point: u64, fsync: bool) -> io::Result<()> {
-    create_dir_durably(dir, fsync)?;
-    let tmp = dir.join(TRIM_POINT_TMP_FILE);
     let value = trim_point.to_le_bytes();
     let mut content = value.to_vec();
     content.extend_from_slice(&crc32c::crc32c(&value).to_le_bytes());
+    replace_durably(dir, TRIM_POINT_FILE, TRIM_POINT_TMP_FILE, &content, fsync)
+}
+
+/// Makes `<dir>/<name>` hold `content`, the old content or the new, never a mix: `<dir>/<tmp>`
+/// written and synced, renamed over it, the directory synced (`dir` is created if missing).
+fn replace_durably(
+    dir: &Path,
+    name: &str,
+    tmp: &str,
+    content: &[u8],
+    fsync: bool,
+) -> io::Result<()> {
+    create_dir_durably(dir, fsync)?;
+    let tmp = dir.join(tmp);
     {
         let file = File::create(&tmp)?;
-        file.write_all_at(&content, 0)?;
+        file.write_all_at(content, 0)?;
         if fsync {
             file.sync_data()?;
         }
     }
-    fs::rename(&tmp, dir.join(TRIM_POINT_FILE))?;
+    fs::rename(&tmp, dir.join(name))?;
     if fsync {
         sync_dir(dir)?;
     }
@@ -333,7 +345,6 @@ pub(super) fn read_accepted_damage(dir: &Path) -> io::Result<Vec<(u64, u64, u64)
 /// Adds `spots` to the damage accepted for the log kept in `dir`, durably: the old or the new
 /// list, never a mix.
 pub(super) fn accept_damage(dir: &Path, spots: &[(u64, u64, u64)], fsync: bool) -> io::Result<()> {
-    create_dir_durably(dir, fsync)?;
     let mut all = read_accepted_damage(dir)?;
     for spot in spots {
         if !all.contains(spot) {
@@ -344,17 +355,11 @@ pub(super) fn accept_damage(dir: &Path, spots: &[(u64, u64, u64)], fsync: bool) 
         .iter()
         .map(|(seq, offset, end)| format!("{seq} {offset} {end}\n"))
         .collect();
-    let tmp = dir.join(format!("{ACCEPTED_DAMAGE_FILE}.tmp"));
-    {
-        let file = File::create(&tmp)?;
-        file.write_all_at(text.as_bytes(), 0)?;
-        if fsync {
-            file.sync_data()?;
-        }
-    }
-    fs::rename(&tmp, dir.join(ACCEPTED_DAMAGE_FILE))?;
-    if fsync {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    replace_durably(
+        dir,
+        ACCEPTED_DAMAGE_FILE,
+        &format!("{ACCEPTED_DAMAGE_FILE}.tmp"),
+        text.as_bytes(),
+        fsync,
+    )
 }
