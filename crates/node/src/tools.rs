@@ -271,7 +271,7 @@ pub fn repair_log(
     };
     if seen.trim_point_damaged {
         bail!(
-            "{refused}. The damaged file is the log's trim point, which repair-log does not mend: put it back from a backup"
+            "{refused}. The damaged file is the log's trim point or its accepted damage, which repair-log does not mend: put it back from a backup"
         );
     }
     if seen.refused_all {

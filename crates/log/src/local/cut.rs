@@ -197,8 +197,8 @@ fn no_such_log(log_id: LogId) -> CutError {
 fn trim_point_damaged(log_id: LogId) -> CutError {
     CutError::NotCuttable {
         log_id,
-        detail: "its trim point file is damaged, which neither a trim nor a cut mends; put the \
-                 file back from a backup"
+        detail: "its trim point or accepted-damage file is damaged, which neither a trim nor a \
+                 cut mends; put the file back from a backup"
             .into(),
     }
 }
@@ -357,7 +357,9 @@ fn shift_accepted_damage(
         if !is_log || !entry.path().is_dir() {
             continue;
         }
-        let shifted: Vec<(u64, u64, u64)> = read_accepted_damage(&entry.path())?
+        // A log whose list does not read is refused already, and stays so.
+        let shifted: Vec<(u64, u64, u64)> = read_accepted_damage(&entry.path())
+            .unwrap_or_default()
             .into_iter()
             .filter_map(|(seq, offset, end)| {
                 let ranges = drops.get(&seq)?;

@@ -14,8 +14,8 @@ pub(super) const READ_CHUNK_BYTES: usize = 256 * 1024;
 pub(super) const SEGMENT_SUFFIX: &str = ".wal";
 pub(super) const TRIM_POINT_FILE: &str = "trim-point";
 pub(super) const TRIM_POINT_TMP_FILE: &str = "trim-point.tmp";
-/// Damaged bytes an operator accepted for a log trimmed past them: one `segment offset end` per
-/// line.
+/// Damaged bytes an operator accepted for a log trimmed past them (see
+/// [`read_accepted_damage`]).
 pub(super) const ACCEPTED_DAMAGE_FILE: &str = "accepted-damage";
 
 /// A record's header as found on disk (not yet checked against its payload).
@@ -277,7 +277,7 @@ fn replace_durably(
     Ok(())
 }
 
-/// Why a trim point could not be read.
+/// Why a log's trim point (or its accepted damage) could not be read.
 pub(super) enum TrimPointError {
     Io(&'static str, io::Error),
     Corrupt(String),
@@ -313,53 +313,59 @@ pub(super) fn read_trim_point(dir: &Path) -> Result<u64, TrimPointError> {
     }
 }
 
-/// The damaged spots (segment, offset, end) accepted for the log kept in `dir`. A line that does
-/// not read as three numbers accepts nothing.
-pub(super) fn read_accepted_damage(dir: &Path) -> io::Result<Vec<(u64, u64, u64)>> {
-    let text = match fs::read_to_string(dir.join(ACCEPTED_DAMAGE_FILE)) {
-        Ok(text) => text,
+/// The damaged spots (segment, offset, end) accepted for the log kept in `dir`: each as three
+/// little-endian `u64`s, then a CRC-32C of them all.
+pub(super) fn read_accepted_damage(dir: &Path) -> Result<Vec<(u64, u64, u64)>, TrimPointError> {
+    let content = match fs::read(dir.join(ACCEPTED_DAMAGE_FILE)) {
+        Ok(content) => content,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        // Not text: accepts nothing, so the damage is judged as always.
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(TrimPointError::Io("reading the accepted damage", e)),
     };
-    Ok(text
-        .lines()
-        .filter_map(|line| {
-            let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().ok());
-            match (
-                numbers.next(),
-                numbers.next(),
-                numbers.next(),
-                numbers.next(),
-            ) {
-                (Some(Some(seq)), Some(Some(offset)), Some(Some(end)), None) => {
-                    Some((seq, offset, end))
-                }
-                _ => None,
-            }
-        })
+    let Some((entries, crc)) = content
+        .split_last_chunk::<4>()
+        .filter(|(entries, _)| entries.len() % 24 == 0)
+    else {
+        return Err(TrimPointError::Corrupt(format!(
+            "expected 24 bytes per entry and 4 more, found {}",
+            content.len()
+        )));
+    };
+    if crc32c::crc32c(entries) != u32::from_le_bytes(*crc) {
+        return Err(TrimPointError::Corrupt("checksum mismatch".into()));
+    }
+    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    Ok(entries
+        .chunks_exact(24)
+        .map(|e| (u64_at(e, 0), u64_at(e, 8), u64_at(e, 16)))
         .collect())
 }
 
 /// Adds `spots` to the damage accepted for the log kept in `dir`, durably: the old or the new
 /// list, never a mix.
 pub(super) fn accept_damage(dir: &Path, spots: &[(u64, u64, u64)], fsync: bool) -> io::Result<()> {
-    let mut all = read_accepted_damage(dir)?;
+    let mut all = read_accepted_damage(dir).map_err(|e| match e {
+        TrimPointError::Io(_, e) => e,
+        TrimPointError::Corrupt(detail) => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {detail}", dir.join(ACCEPTED_DAMAGE_FILE).display()),
+        ),
+    })?;
     for spot in spots {
         if !all.contains(spot) {
             all.push(*spot);
         }
     }
-    let text: String = all
+    let mut content: Vec<u8> = all
         .iter()
-        .map(|(seq, offset, end)| format!("{seq} {offset} {end}\n"))
+        .flat_map(|(seq, offset, end)| [*seq, *offset, *end])
+        .flat_map(u64::to_le_bytes)
         .collect();
+    content.extend_from_slice(&crc32c::crc32c(&content).to_le_bytes());
     replace_durably(
         dir,
         ACCEPTED_DAMAGE_FILE,
         &format!("{ACCEPTED_DAMAGE_FILE}.tmp"),
-        text.as_bytes(),
+        &content,
         fsync,
     )
 }

@@ -235,7 +235,7 @@ struct Scan {
     ends: BTreeMap<u64, u64>,
     /// Damage accepted for a log (segment, offset, end), from its `accepted-damage` file.
     accepted: HashMap<(u64, u64, u64), LogId>,
-    /// Logs whose trim point file is damaged.
+    /// Logs whose trim point file (or accepted-damage file) is damaged.
     bad_trim_points: HashSet<LogId>,
     /// For a dry scan: the watched log read as if its trim point and accepted damage were
     /// these.
@@ -305,10 +305,28 @@ impl Scan {
                 self.refused.insert(log_id, Refusal::OldLayout { path });
                 continue;
             }
-            for spot in record::read_accepted_damage(&path)
-                .map_err(io_context("reading the accepted damage in", &path))?
-            {
-                self.accepted.insert(spot, log_id);
+            match record::read_accepted_damage(&path) {
+                Ok(spots) => {
+                    for spot in spots {
+                        self.accepted.insert(spot, log_id);
+                    }
+                }
+                Err(TrimPointError::Corrupt(detail)) => {
+                    self.bad_trim_points.insert(log_id);
+                    let path = path
+                        .join(record::ACCEPTED_DAMAGE_FILE)
+                        .display()
+                        .to_string();
+                    self.refused.insert(
+                        log_id,
+                        Refusal::Corrupt {
+                            path,
+                            offset: None,
+                            detail: format!("the damage accepted for it: {detail}"),
+                        },
+                    );
+                }
+                Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
             }
             match record::read_trim_point(&path) {
                 Ok(trim_point) => {

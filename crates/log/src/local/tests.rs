@@ -1249,17 +1249,39 @@ async fn trimming_a_damaged_log_past_its_damage_offline_loses_no_record_after_it
         Err(CutError::NotCuttable { .. })
     ));
 
-    let provider = provider(dir.path(), options);
-    let two = provider.open_local(LogId(2)).await.expect("log 2 opens");
-    assert_eq!(two.state().await.expect("state"), state_of(5, 10));
-    assert_eq!(
-        two.read(Lsn(6), 100).await.expect("read"),
-        records_of(2, 6, 10)
-    );
-    for log_id in [1, 3] {
-        let log = provider.open_local(LogId(log_id)).await.expect("open");
-        assert_log_holds(&log, 10).await;
+    {
+        let provider = provider(dir.path(), options.clone());
+        let two = provider.open_local(LogId(2)).await.expect("log 2 opens");
+        assert_eq!(two.state().await.expect("state"), state_of(5, 10));
+        assert_eq!(
+            two.read(Lsn(6), 100).await.expect("read"),
+            records_of(2, 6, 10)
+        );
+        for log_id in [1, 3] {
+            let log = provider.open_local(LogId(log_id)).await.expect("open");
+            assert_log_holds(&log, 10).await;
+        }
     }
+
+    // A damaged list of accepted damage is named as such, and neither a trim nor a cut goes on.
+    let accepted = dir.path().join("2").join("accepted-damage");
+    let mut list = fs::read(&accepted).expect("accepted damage");
+    list[3] ^= 0x01;
+    fs::write(&accepted, &list).expect("damage");
+    let provider = provider(dir.path(), options.clone());
+    let (path, _, detail) = expect_corrupt(provider.open_local(LogId(2)).await);
+    assert_eq!(path, accepted.display().to_string());
+    assert!(detail.contains("checksum mismatch"), "{detail}");
+    drop(provider);
+    assert!(
+        inspect_log(dir.path(), LogId(2), &options)
+            .expect("inspect")
+            .trim_point_damaged
+    );
+    assert!(matches!(
+        cut_log(dir.path(), LogId(2), &options),
+        Err(CutError::NotCuttable { .. })
+    ));
 }
 
 #[tokio::test]
