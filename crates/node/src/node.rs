@@ -596,6 +596,14 @@ async fn claim_base_dir(base_dir: PathBuf) -> anyhow::Result<(PathBuf, std::fs::
     .context("claim the base dir")?
 }
 
+/// The local log's options the configuration sets.
+pub(crate) fn local_log_options(config: &Config) -> LocalLogOptions {
+    LocalLogOptions {
+        segment_bytes_max: config.log.segment_bytes,
+        ..LocalLogOptions::default()
+    }
+}
+
 /// The log provider `log.provider` names, and the partition store.
 async fn open_storage(
     config: &Config,
@@ -603,10 +611,7 @@ async fn open_storage(
 ) -> anyhow::Result<(Arc<dyn LogProvider>, Arc<PartitionStoreManager>)> {
     let log_dir = base_dir.join("log");
     let db_dir = base_dir.join("db");
-    let log_options = LocalLogOptions {
-        segment_bytes_max: config.log.segment_bytes,
-        ..LocalLogOptions::default()
-    };
+    let log_options = local_log_options(config);
     let store_options = StoreOptions {
         block_cache_bytes: config.partition_store.block_cache_bytes,
         write_buffer_bytes: config.partition_store.write_buffer_bytes,

@@ -1,10 +1,12 @@
 //! Offline tools for operators: they work on a node's base dir while the node is stopped.
 
 use crate::config::{Config, LogProviderKind, MetadataProviderKind};
-use crate::node::{connect_nats_logs, connect_nats_metadata, lock_base_dir, open_repository};
+use crate::node::{
+    connect_nats_logs, connect_nats_metadata, local_log_options, lock_base_dir, open_repository,
+};
 use anyhow::{Context, bail};
 use cairn_log::LogProvider;
-use cairn_log::local::{LocalLogOptions, LocalLogProvider};
+use cairn_log::local::LocalLogProvider;
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::{ClusterRecord, MetadataStore, get_typed};
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
@@ -86,7 +88,7 @@ fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
     let _runtime_context = runtime.enter();
     let logs: Box<dyn LogProvider> = match config.log.provider {
         LogProviderKind::Local => Box::new(
-            LocalLogProvider::open(config.base_dir.join("log"), LocalLogOptions::default())
+            LocalLogProvider::open(config.base_dir.join("log"), local_log_options(config))
                 .context("open the local log")?,
         ),
         LogProviderKind::Nats => Box::new(runtime.block_on(connect_nats_logs(config))?),
@@ -233,10 +235,7 @@ pub fn repair_log(
     }
     let _lock =
         lock_base_dir(base_dir).context("the node must be stopped to repair a partition's log")?;
-    let options = LocalLogOptions {
-        segment_bytes_max: config.log.segment_bytes,
-        ..LocalLogOptions::default()
-    };
+    let options = local_log_options(config);
     let log_id = cairn_types::LogId::from(partition);
     let mut seen = inspect_log(&log_dir, log_id, &options).context("read the log")?;
     if !seen.known {

@@ -144,22 +144,7 @@ pub fn trim_log_offline(
     let _lock = lock_existing(dir)?;
     let wal_dir = dir.join(WAL_DIR);
     let plan = cut_plan(dir, &wal_dir, options, log_id, None)?;
-    if !plan.known {
-        return Err(no_such_log(log_id));
-    }
-    if plan.trim_point_damaged {
-        return Err(trim_point_damaged(log_id));
-    }
-    if let Some(Refusal::OldLayout { path }) = &plan.refusal {
-        return Err(CutError::NotCuttable {
-            log_id,
-            detail: format!(
-                "{} holds it in the layout of an earlier Cairn version, which a trim does not \
-                 change",
-                path.display()
-            ),
-        });
-    }
+    check_mendable(log_id, &plan)?;
     if up_to <= plan.trim_point {
         return Err(CutError::NotCuttable {
             log_id,
@@ -185,22 +170,6 @@ pub fn trim_log_offline(
     write_trim_point(&log_dir, up_to, options.fsync)?;
     let after = cut_plan(dir, &wal_dir, options, log_id, None)?;
     Ok(LogInspection::of(log_id, &after))
-}
-
-fn no_such_log(log_id: LogId) -> CutError {
-    CutError::Io(io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("there is no log {log_id}: it has neither a directory nor a record"),
-    ))
-}
-
-fn trim_point_damaged(log_id: LogId) -> CutError {
-    CutError::NotCuttable {
-        log_id,
-        detail: "its trim point or accepted-damage file is damaged, which neither a trim nor a \
-                 cut mends; put the file back from a backup"
-            .into(),
-    }
 }
 
 /// Locks `dir`, which must hold a log.
@@ -262,13 +231,38 @@ pub fn cut_log(
     })
 }
 
-fn check_cuttable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
+/// What neither a trim nor a cut mends: a log that does not exist, a damaged trim point or
+/// accepted-damage file, a log in an earlier layout.
+fn check_mendable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
     if !plan.known {
-        return Err(no_such_log(log_id));
+        return Err(CutError::Io(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("there is no log {log_id}: it has neither a directory nor a record"),
+        )));
     }
     if plan.trim_point_damaged {
-        return Err(trim_point_damaged(log_id));
+        return Err(CutError::NotCuttable {
+            log_id,
+            detail: "its trim point or accepted-damage file is damaged, which neither a trim nor \
+                     a cut mends; put the file back from a backup"
+                .into(),
+        });
     }
+    if let Some(Refusal::OldLayout { path }) = &plan.refusal {
+        return Err(CutError::NotCuttable {
+            log_id,
+            detail: format!(
+                "{} holds it in the layout of an earlier Cairn version, which neither a trim nor \
+                 a cut changes",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_cuttable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
+    check_mendable(log_id, plan)?;
     if let Some(Refusal::Corrupt { detail, path, .. }) = &plan.refused_all {
         return Err(CutError::NotCuttable {
             log_id,
@@ -280,14 +274,8 @@ fn check_cuttable(log_id: LogId, plan: &CutPlan) -> Result<(), CutError> {
     }
     match &plan.refusal {
         None => Err(CutError::NotRefused(log_id)),
-        Some(Refusal::OldLayout { path }) => Err(CutError::NotCuttable {
-            log_id,
-            detail: format!(
-                "{} holds it in the layout of an earlier Cairn version, which a cut does not \
-                 change",
-                path.display()
-            ),
-        }),
+        // Refused by `check_mendable`.
+        Some(Refusal::OldLayout { .. }) => Ok(()),
         Some(Refusal::Corrupt { .. }) if plan.drops.is_empty() => Err(CutError::NotCuttable {
             log_id,
             detail: "none of its records or damage lies past its valid records, so a cut would \

@@ -311,43 +311,39 @@ impl Scan {
                         self.accepted.insert(spot, log_id);
                     }
                 }
-                Err(TrimPointError::Corrupt(detail)) => {
-                    self.bad_trim_points.insert(log_id);
-                    let path = path
-                        .join(record::ACCEPTED_DAMAGE_FILE)
-                        .display()
-                        .to_string();
-                    self.refused.insert(
-                        log_id,
-                        Refusal::Corrupt {
-                            path,
-                            offset: None,
-                            detail: format!("the damage accepted for it: {detail}"),
-                        },
-                    );
-                }
+                Err(TrimPointError::Corrupt(detail)) => self.refuse_for_file(
+                    log_id,
+                    &path.join(record::ACCEPTED_DAMAGE_FILE),
+                    format!("the damage accepted for it: {detail}"),
+                ),
                 Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
             }
             match record::read_trim_point(&path) {
                 Ok(trim_point) => {
                     self.trims.insert(log_id, trim_point);
                 }
-                Err(TrimPointError::Corrupt(detail)) => {
-                    self.bad_trim_points.insert(log_id);
-                    let path = path.join(record::TRIM_POINT_FILE).display().to_string();
-                    self.refused.insert(
-                        log_id,
-                        Refusal::Corrupt {
-                            path,
-                            offset: None,
-                            detail: format!("the trim point: {detail}"),
-                        },
-                    );
-                }
+                Err(TrimPointError::Corrupt(detail)) => self.refuse_for_file(
+                    log_id,
+                    &path.join(record::TRIM_POINT_FILE),
+                    format!("the trim point: {detail}"),
+                ),
                 Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
             }
         }
         Ok(())
+    }
+
+    /// Refuses `log_id` for its damaged `file` (its trim point or its accepted damage).
+    fn refuse_for_file(&mut self, log_id: LogId, file: &Path, detail: String) {
+        self.bad_trim_points.insert(log_id);
+        self.refused.insert(
+            log_id,
+            Refusal::Corrupt {
+                path: file.display().to_string(),
+                offset: None,
+                detail,
+            },
+        );
     }
 
     /// The segment files, by sequence number.
