@@ -50,7 +50,7 @@ pub struct CutReport {
 /// Why [`cut_log`] cut nothing, or could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum CutError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     /// The log opens: there is nothing to cut.
     #[error(
@@ -206,7 +206,16 @@ pub fn cut_log(
             .segments
             .get(seq)
             .ok_or_else(|| io::Error::other(format!("segment {seq} was read but not listed")))?;
-        let backup = rewrite_without(path, *end, ranges, options)?;
+        let backup = rewrite_without(path, *end, ranges, options).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "rewriting {} (which needs about its size free beside it; nothing of it was \
+                     changed): {e}",
+                    path.display()
+                ),
+            )
+        })?;
         rewritten.push((path.clone(), backup));
     }
     if options.fsync {
