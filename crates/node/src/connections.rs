@@ -176,17 +176,51 @@ async fn refuse_grpc(stream: TcpStream, max: usize) {
     let status = http::HeaderValue::from(tonic::Code::ResourceExhausted as i32);
     let message = http::HeaderValue::try_from(refusal_message(max))
         .expect("the refusal message is printable ASCII");
-    while let Some(Ok((_, mut respond))) = connection.accept().await {
-        let mut response = http::Response::new(());
-        let headers = response.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        headers.insert("grpc-status", status.clone());
-        headers.insert("grpc-message", message.clone());
-        let _ = respond.send_response(response, true);
+    // The calls are answered on tasks of their own, since each waits for its request to end while
+    // the connection (polled by `accept`) carries the frames; they end with this function.
+    let mut calls = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = connection.accept() => {
+                let Some(Ok((request, respond))) = accepted else {
+                    break;
+                };
+                calls.spawn(refuse_call(request, respond, status.clone(), message.clone()));
+            }
+            Some(_) = calls.join_next(), if !calls.is_empty() => {}
+        }
     }
+}
+
+/// How long a refused call's request may take to arrive whole before it is answered anyway (a
+/// streaming call's never ends).
+const REFUSED_REQUEST_WAIT_MAX: Duration = Duration::from_millis(500);
+
+/// Answers one call on a refused connection, once its request has arrived whole. Answered earlier,
+/// the call's stream ends while the client is still sending on it, and the client may then report
+/// that (`h2 protocol error: user error: inactive stream`) instead of the answer.
+async fn refuse_call(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+    status: http::HeaderValue,
+    message: http::HeaderValue,
+) {
+    let mut body = request.into_body();
+    let drained = async {
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+    };
+    let _ = tokio::time::timeout(REFUSED_REQUEST_WAIT_MAX, drained).await;
+    let mut response = http::Response::new(());
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", status);
+    headers.insert("grpc-message", message);
+    let _ = respond.send_response(response, true);
 }
 
 /// An accepted gRPC connection, counted as open until it is dropped.
