@@ -553,7 +553,27 @@ async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing()
     let keys = keys_of(DAMAGED, "key", 40);
     let (snapshot, lsn) = snapshot_then_flip_a_byte(dir.path(), &keys).await;
 
-    let repaired = repair_log(dir.path());
+    let base_dir = dir.path().to_str().unwrap();
+    let output = run_cairn(
+        &["repair-log", "--base-dir", base_dir, "-p", "2", "-y"],
+        &[("CAIRN_NUM_PARTITIONS", "4")],
+    );
+    // The snapshot is read back whole before the trim relies on it, and the operator sees that.
+    let progress = support::stderr(&output);
+    for needle in [
+        format!("Reading snapshot {snapshot} ("),
+        ") back whole before relying on it".to_string(),
+        " read back".to_string(),
+    ] {
+        assert!(progress.contains(&needle), "{needle:?} missing: {progress}");
+    }
+    let (last, total) = progress
+        .lines()
+        .last()
+        .and_then(|line| line.trim().strip_suffix(" read back")?.split_once(" of "))
+        .expect("the last progress line says how much was read back");
+    assert_eq!(last, total, "the snapshot was read back whole: {progress}");
+    let repaired = ok(output);
     for needle in [
         format!("Snapshot {snapshot} holds the partition up to LSN"),
         "Moved the trim point of partition 2's log up to LSN".to_string(),

@@ -10,6 +10,7 @@ mod export;
 mod output;
 
 pub use args::Cli;
+pub use output::show_bytes_count;
 
 /// Parses the process arguments, runs the command and returns the process exit code.
 pub fn main() -> std::process::ExitCode {

@@ -218,6 +218,7 @@ pub fn repair_log(
     config: &Config,
     partition: PartitionId,
     mut confirm: impl FnMut(&str) -> anyhow::Result<bool>,
+    on_read_back: ReadBackProgress,
 ) -> anyhow::Result<LogRepair> {
     use cairn_log::local::{cut_log, inspect_log, trim_log_offline};
     if !matches!(config.log.provider, LogProviderKind::Local) {
@@ -319,7 +320,7 @@ pub fn repair_log(
         // A snapshot is relied on only once its files read back whole: if it could not be
         // restored, the older ones would lie below the new trim point.
         if let Holder::Snapshot(snapshot) = &holder
-            && let Err(err) = verify_snapshot(config, snapshot)
+            && let Err(err) = verify_snapshot(config, snapshot, &on_read_back)
         {
             unread = format!(
                 " (Snapshot {snapshot} at LSN {lsn} does not read back whole, so it is not relied on: {err:#}.)"
@@ -424,9 +425,13 @@ fn newest_snapshot(
     Ok(latest.map(|l| (l.snapshot_id.to_string(), l.min_applied_lsn)))
 }
 
+/// Told how far the read-back of a snapshot has come: the snapshot, the bytes read back so far and
+/// its size. A large snapshot takes a while to read back whole.
+pub type ReadBackProgress = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>;
+
 /// Reads every file of snapshot `id` back from this cluster's repository and checks it, as
 /// `cairnctl snapshots verify` does: a snapshot that a trim is about to rely on must restore.
-fn verify_snapshot(config: &Config, id: &str) -> anyhow::Result<()> {
+fn verify_snapshot(config: &Config, id: &str, progress: &ReadBackProgress) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -435,8 +440,11 @@ fn verify_snapshot(config: &Config, id: &str) -> anyhow::Result<()> {
     let Ok(repository) = this_clusters_repository(config, &runtime)? else {
         bail!("there is no snapshot repository to read it from");
     };
-    let id: cairn_snapshots::SnapshotId = id.parse().context("read the snapshot id")?;
-    runtime.block_on(repository.verify(id))?;
+    let snapshot: cairn_snapshots::SnapshotId = id.parse().context("read the snapshot id")?;
+    let (progress, id) = (progress.clone(), id.to_string());
+    let on_progress: cairn_snapshots::ProgressFn =
+        std::sync::Arc::new(move |done, total| progress(&id, done, total));
+    runtime.block_on(repository.verify_with_progress(snapshot, Some(on_progress)))?;
     Ok(())
 }
 

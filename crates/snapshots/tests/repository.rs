@@ -157,10 +157,29 @@ async fn export_tar_holds_metadata_and_identical_ssts_and_verify_passes(backend:
     );
     repo.publish(e.path(), e.metadata.clone()).await.unwrap();
 
-    let verified = repo.verify(e.id()).await.unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let on_progress: cairn_snapshots::ProgressFn = {
+        let seen = seen.clone();
+        std::sync::Arc::new(move |done, total| seen.lock().unwrap().push((done, total)))
+    };
+    let verified = repo
+        .verify_with_progress(e.id(), Some(on_progress))
+        .await
+        .unwrap();
     assert_eq!(verified.files, 3);
     assert_eq!(verified.bytes, 1267 + 1142 + 512);
     assert_eq!(verified.partition_id, P);
+    // The read-back is reported as it goes, up to the whole snapshot.
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.windows(2).all(|w| w[0].0 < w[1].0),
+        "progress only grows: {seen:?}"
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&(verified.bytes, verified.bytes)),
+        "{seen:?}"
+    );
 
     let out_dir = tempfile::tempdir().unwrap();
     let out = out_dir.path().join("snapshot.tar");

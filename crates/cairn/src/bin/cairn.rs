@@ -149,18 +149,49 @@ fn run_tool(
         }
         Tool::RepairLog { partition_id, yes } => {
             let partition = cairn_node::PartitionId(partition_id);
-            let repair = cairn_node::tools::repair_log(&config, partition, |asked| {
-                if yes {
-                    println!("{asked} (--yes)");
-                    Ok(true)
-                } else {
-                    confirm(asked)
-                }
-            })?;
+            let repair = cairn_node::tools::repair_log(
+                &config,
+                partition,
+                |asked| {
+                    if yes {
+                        println!("{asked} (--yes)");
+                        Ok(true)
+                    } else {
+                        confirm(asked)
+                    }
+                },
+                read_back_progress(),
+            )?;
             print_log_repair(&repair);
             Ok(())
         }
     }
+}
+
+/// Shows on stderr how far the read-back of a snapshot `repair-log` is about to rely on has come:
+/// a line when it starts, then at most one a second, and one when it is read back whole.
+fn read_back_progress() -> cairn_node::tools::ReadBackProgress {
+    use cairn_cli::show_bytes_count;
+    use std::time::{Duration, Instant};
+    let last = std::sync::Mutex::new(None::<Instant>);
+    std::sync::Arc::new(move |snapshot, done, total| {
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match *last {
+            None => eprintln!(
+                "Reading snapshot {snapshot} ({}) back whole before relying on it",
+                show_bytes_count(total)
+            ),
+            Some(at) if done < total && now.duration_since(at) < Duration::from_secs(1) => return,
+            Some(_) => {}
+        }
+        eprintln!(
+            "  {} of {} read back",
+            show_bytes_count(done),
+            show_bytes_count(total)
+        );
+        *last = Some(now);
+    })
 }
 
 /// Asks on the terminal; without one, refuses and says how to proceed.

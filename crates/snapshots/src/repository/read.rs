@@ -4,8 +4,9 @@
 //! its size), and reading stops one byte past the declared size in any case, so a wrong object
 //! can never fill a disk.
 
+use super::ProgressFn;
 use super::SnapshotRepository;
-use super::hashing::{check_read, copy_hashing, io};
+use super::hashing::{Progress, check_read, copy_hashing, io};
 use crate::error::FileProblem;
 use crate::{Checksum, Error, Result, SnapshotFile, SnapshotId, SnapshotMetadata};
 use bytes::Bytes;
@@ -16,6 +17,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use xxhash_rust::xxh3::Xxh3;
@@ -135,13 +137,38 @@ impl SnapshotRepository {
     /// Reads every file of a visible snapshot back and checks its size and checksum. Fails on the
     /// first bad file in metadata order, naming it, its object key and what is wrong.
     pub async fn verify(&self, snapshot_id: SnapshotId) -> Result<VerifyReport> {
+        self.verify_with_progress(snapshot_id, None).await
+    }
+
+    /// [`SnapshotRepository::verify`], telling `on_progress` the bytes read back so far and the
+    /// snapshot's size as it goes (a file read again after a failed attempt counts once).
+    pub async fn verify_with_progress(
+        &self,
+        snapshot_id: SnapshotId,
+        on_progress: Option<ProgressFn>,
+    ) -> Result<VerifyReport> {
         let started = Instant::now();
         let (partition, metadata) = self.find(snapshot_id).await?;
+        let progress = Progress::new(metadata.size(), on_progress);
+        let progress = &progress;
         let sizes: Vec<u64> = futures::stream::iter(metadata.files)
             .map(|file| async move {
                 self.retry
-                    .run("verify", || {
-                        self.read_file_checked(partition, snapshot_id, &file, |_| async { Ok(()) })
+                    .run("verify", || async {
+                        let reported = AtomicU64::new(0);
+                        let reported = &reported;
+                        let result = self
+                            .read_file_checked(partition, snapshot_id, &file, |chunk| async move {
+                                let bytes = chunk.len() as u64;
+                                reported.fetch_add(bytes, Ordering::Relaxed);
+                                progress.advance(bytes);
+                                Ok(())
+                            })
+                            .await;
+                        if result.is_err() {
+                            progress.rewind(reported.load(Ordering::Relaxed));
+                        }
+                        result
                     })
                     .await
             })
