@@ -521,7 +521,8 @@ fn compaction_lines(store: &cairn_client::v1::PartitionStoreInfo) -> Vec<String>
     if store.background_errors > 0 {
         lines.push(format!(
             "                 {} failed or refused since the store was opened (the node's log \
-             says why); a merge of the oldest tables needs about {} of free disk beside them",
+             says why); if for want of disk, a merge of the oldest tables needs about {} free \
+             beside them",
             store.background_errors,
             show_bytes_count(store.live_sst_bytes)
         ));
@@ -735,6 +736,11 @@ mod tests {
             "{lines:?}"
         );
         assert!(lines[1].contains("114 failed or refused"), "{lines:?}");
-        assert!(lines[1].contains("3.0 GiB of free disk"), "{lines:?}");
+        assert!(
+            lines[1].contains(
+                "if for want of disk, a merge of the oldest tables needs about 3.0 GiB free"
+            ),
+            "{lines:?}"
+        );
     }
 }
