@@ -488,6 +488,19 @@ async fn connections_beyond_max_connections_are_told_and_closed() {
         refused.to_string().contains("max-connections"),
         "the refusal does not name the setting: {refused}"
     );
+    // A client with many calls at once on the refused connection gets the reason on each.
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(5),
+    };
+    let many = Client::connect(a, &options).await.unwrap();
+    let calls = (0..16).map(|i| many.get(vec![b(&format!("k{i}"))]));
+    for answer in futures::future::join_all(calls).await {
+        let Err(refused) = answer else {
+            panic!("a call on a refused connection was served");
+        };
+        assert_eq!(refused.code(), Some(Code::ResourceExhausted), "{refused}");
+    }
 
     drop(first);
     let third = read_within(a).await;
