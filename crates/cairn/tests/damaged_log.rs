@@ -23,6 +23,16 @@ fn start(dir: &Path) -> Server {
     Server::start_with(dir, &[], &[("CAIRN_NUM_PARTITIONS", "4")])
 }
 
+/// Starts the node on `dir` and checks that the damaged partition is active again with every one
+/// of `keys`.
+async fn start_serving_all(dir: &Path, keys: &[String]) -> Server {
+    let server = start(dir);
+    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
+    assert_eq!(status, "active");
+    assert_all_there(&server.address, keys).await;
+    server
+}
+
 /// [`start`], with the log starting a new segment every megabyte.
 fn start_with_small_segments(dir: &Path) -> Server {
     Server::start_with(
@@ -510,10 +520,7 @@ async fn repair_log_trims_to_the_snapshot_then_to_the_store_past_a_second_damage
     );
     assert!(repaired.contains("No record was given up"), "{repaired}");
     assert!(!repaired.contains("Cut partition"), "{repaired}");
-    let server = start(dir.path());
-    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
-    assert_eq!(status, "active");
-    assert_all_there(&server.address, &keys).await;
+    start_serving_all(dir.path(), &keys).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -541,10 +548,7 @@ async fn repair_log_does_not_rely_on_a_snapshot_that_does_not_read_back() {
     ] {
         assert!(repaired.contains(&needle), "{needle:?} missing: {repaired}");
     }
-    let server = start(dir.path());
-    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
-    assert_eq!(status, "active");
-    assert_all_there(&server.address, &keys).await;
+    start_serving_all(dir.path(), &keys).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -583,10 +587,7 @@ async fn repair_log_trims_past_damage_that_a_snapshot_covers_and_loses_nothing()
     }
     assert!(!repaired.contains("Cut partition"), "{repaired}");
 
-    let server = start(dir.path());
-    let (_, _, status) = partition_row(&server.address, DAMAGED).await;
-    assert_eq!(status, "active");
-    assert_all_there(&server.address, &keys).await;
+    let server = start_serving_all(dir.path(), &keys).await;
     let (_, tail, _) = partition_row(&server.address, DAMAGED).await;
     assert!(
         tail > lsn,

@@ -80,10 +80,7 @@ pub fn drop_partition(
 /// The file-system steps (opening the log's folder, the metadata file, a local repository's
 /// folder) run on this thread between the async steps, never inside them.
 fn recoverable(config: &Config, partition: PartitionId) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
+    let runtime = offline_runtime()?;
     // The runtime's context without running it: what is opened here may spawn tasks on it.
     let _runtime_context = runtime.enter();
     let logs: Box<dyn LogProvider> = match config.log.provider {
@@ -411,18 +408,36 @@ fn newest_snapshot(
     config: &Config,
     partition: PartitionId,
 ) -> anyhow::Result<Option<(String, Lsn)>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    let _runtime_context = runtime.enter();
-    let Ok(repository) = this_clusters_repository(config, &runtime)? else {
+    let Some((runtime, repository)) = readable_repository(config)? else {
         return Ok(None);
     };
+    let _runtime_context = runtime.enter();
     let latest = runtime
         .block_on(repository.latest(partition))
         .context("read the snapshot repository")?;
     Ok(latest.map(|l| (l.snapshot_id.to_string(), l.min_applied_lsn)))
+}
+
+/// A runtime for an offline tool's async steps, driven from the calling thread.
+fn offline_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
+/// This cluster's snapshot repository, with the runtime to read it on; `None` when there is none
+/// to read (snapshots are off, or the base dir holds no cluster record).
+fn readable_repository(
+    config: &Config,
+) -> anyhow::Result<Option<(tokio::runtime::Runtime, cairn_snapshots::SnapshotRepository)>> {
+    let runtime = offline_runtime()?;
+    let repository = {
+        // Opening it may spawn tasks on the runtime.
+        let _runtime_context = runtime.enter();
+        this_clusters_repository(config, &runtime)?
+    };
+    Ok(repository.ok().map(|repository| (runtime, repository)))
 }
 
 /// Told how far the read-back of a snapshot has come: the snapshot, the bytes read back so far and
@@ -432,14 +447,10 @@ pub type ReadBackProgress = std::sync::Arc<dyn Fn(&str, u64, u64) + Send + Sync>
 /// Reads every file of snapshot `id` back from this cluster's repository and checks it, as
 /// `cairnctl snapshots verify` does: a snapshot that a trim is about to rely on must restore.
 fn verify_snapshot(config: &Config, id: &str, progress: &ReadBackProgress) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
-    let _runtime_context = runtime.enter();
-    let Ok(repository) = this_clusters_repository(config, &runtime)? else {
+    let Some((runtime, repository)) = readable_repository(config)? else {
         bail!("there is no snapshot repository to read it from");
     };
+    let _runtime_context = runtime.enter();
     let snapshot: cairn_snapshots::SnapshotId = id.parse().context("read the snapshot id")?;
     let (progress, id) = (progress.clone(), id.to_string());
     let on_progress: cairn_snapshots::ProgressFn =

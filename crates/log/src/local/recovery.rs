@@ -305,45 +305,57 @@ impl Scan {
                 self.refused.insert(log_id, Refusal::OldLayout { path });
                 continue;
             }
-            match record::read_accepted_damage(&path) {
-                Ok(spots) => {
-                    for spot in spots {
-                        self.accepted.insert(spot, log_id);
-                    }
-                }
-                Err(TrimPointError::Corrupt(detail)) => self.refuse_for_file(
-                    log_id,
-                    &path.join(record::ACCEPTED_DAMAGE_FILE),
-                    format!("the damage accepted for it: {detail}"),
-                ),
-                Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
+            let accepted = self.read_log_file(
+                log_id,
+                &path,
+                record::ACCEPTED_DAMAGE_FILE,
+                "the damage accepted for it",
+                record::read_accepted_damage,
+            )?;
+            for spot in accepted.into_iter().flatten() {
+                self.accepted.insert(spot, log_id);
             }
-            match record::read_trim_point(&path) {
-                Ok(trim_point) => {
-                    self.trims.insert(log_id, trim_point);
-                }
-                Err(TrimPointError::Corrupt(detail)) => self.refuse_for_file(
-                    log_id,
-                    &path.join(record::TRIM_POINT_FILE),
-                    format!("the trim point: {detail}"),
-                ),
-                Err(TrimPointError::Io(context, e)) => return Err(io_context(context, &path)(e)),
+            let trim_point = self.read_log_file(
+                log_id,
+                &path,
+                record::TRIM_POINT_FILE,
+                "the trim point",
+                record::read_trim_point,
+            )?;
+            if let Some(trim_point) = trim_point {
+                self.trims.insert(log_id, trim_point);
             }
         }
         Ok(())
     }
 
-    /// Refuses `log_id` for its damaged `file` (its trim point or its accepted damage).
-    fn refuse_for_file(&mut self, log_id: LogId, file: &Path, detail: String) {
-        self.bad_trim_points.insert(log_id);
-        self.refused.insert(
-            log_id,
-            Refusal::Corrupt {
-                path: file.display().to_string(),
-                offset: None,
-                detail,
-            },
-        );
+    /// What `read` makes of `file` (its trim point or its accepted damage) in log `log_id`'s
+    /// folder `dir`; `None` when the file is damaged, and the log is then refused, naming the
+    /// file and `what` it holds.
+    fn read_log_file<T>(
+        &mut self,
+        log_id: LogId,
+        dir: &Path,
+        file: &str,
+        what: &str,
+        read: impl FnOnce(&Path) -> Result<T, TrimPointError>,
+    ) -> io::Result<Option<T>> {
+        match read(dir) {
+            Ok(value) => Ok(Some(value)),
+            Err(TrimPointError::Corrupt(detail)) => {
+                self.bad_trim_points.insert(log_id);
+                self.refused.insert(
+                    log_id,
+                    Refusal::Corrupt {
+                        path: dir.join(file).display().to_string(),
+                        offset: None,
+                        detail: format!("{what}: {detail}"),
+                    },
+                );
+                Ok(None)
+            }
+            Err(TrimPointError::Io(context, e)) => Err(io_context(context, dir)(e)),
+        }
     }
 
     /// The segment files, by sequence number.

@@ -513,6 +513,15 @@ async fn assert_log_holds(log: &LocalLoglet, tail: u64) {
     );
 }
 
+/// Each `(log, tail)`: that log, opened on `provider`, holds records 1..=tail
+/// ([`assert_log_holds`]).
+async fn assert_logs_hold(provider: &LocalLogProvider, logs: &[(u16, u64)]) {
+    for &(log_id, tail) in logs {
+        let log = provider.open_local(LogId(log_id)).await.expect("open");
+        assert_log_holds(&log, tail).await;
+    }
+}
+
 #[tokio::test]
 async fn a_full_disk_fails_the_batch_and_appends_resume_once_there_is_room() {
     let dir = TempDir::new().expect("temporary directory");
@@ -591,8 +600,7 @@ async fn a_failed_commit_fails_every_log_in_it_and_none_keeps_a_record_of_it() {
         assert_log_holds(&logs[1], 4).await;
     }
     let provider = provider(dir.path(), LocalLogOptions::default());
-    assert_log_holds(&provider.open_local(LogId(1)).await.expect("reopen"), 3).await;
-    assert_log_holds(&provider.open_local(LogId(2)).await.expect("reopen"), 4).await;
+    assert_logs_hold(&provider, &[(1, 3), (2, 4)]).await;
 }
 
 #[tokio::test]
@@ -1170,10 +1178,7 @@ async fn cutting_a_damaged_log_gives_up_its_records_from_the_damage_on_and_no_ot
     drop((two, provider));
     // The new LSN 5 and 6 of log 2 are the ones read after a restart, not the old ones.
     let provider = self::provider(dir.path(), LocalLogOptions::default());
-    assert_log_holds(&provider.open_local(LogId(2)).await.expect("open"), 6).await;
-    for log_id in [1, 3] {
-        assert_log_holds(&provider.open_local(LogId(log_id)).await.expect("open"), 11).await;
-    }
+    assert_logs_hold(&provider, &[(2, 6), (1, 11), (3, 11)]).await;
 }
 
 #[tokio::test]
@@ -1344,10 +1349,7 @@ async fn cutting_one_log_out_of_damage_that_spans_two_logs_records_leaves_the_ot
     );
 
     let provider = provider(dir.path(), options);
-    assert_log_holds(&provider.open_local(LogId(1)).await.expect("open"), 10).await;
-    for log_id in [2, 3] {
-        assert_log_holds(&provider.open_local(LogId(log_id)).await.expect("open"), 4).await;
-    }
+    assert_logs_hold(&provider, &[(1, 10), (2, 4), (3, 4)]).await;
 }
 
 #[tokio::test]
@@ -1370,8 +1372,7 @@ async fn a_cut_moves_the_damage_accepted_for_another_log_with_the_bytes_before_i
     assert_eq!(report.tail, 4);
 
     let provider = provider(dir.path(), options);
-    assert_log_holds(&provider.open_local(LogId(1)).await.expect("open"), 10).await;
-    assert_log_holds(&provider.open_local(LogId(2)).await.expect("open"), 4).await;
+    assert_logs_hold(&provider, &[(1, 10), (2, 4)]).await;
     let three = provider.open_local(LogId(3)).await.expect("log 3 opens");
     assert_eq!(three.state().await.expect("state"), state_of(8, 10));
     assert_eq!(
