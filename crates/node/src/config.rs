@@ -192,6 +192,9 @@ pub struct PartitionStoreConfig {
     /// How each partition's tables are merged as they accumulate; a store written under one
     /// style opens under the other.
     pub compaction_style: CompactionStyle,
+    /// Size of the tables' data blocks before compression, in bytes; tables already written
+    /// keep theirs.
+    pub block_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -347,12 +350,19 @@ impl Default for LogConfig {
     }
 }
 
+/// The bounds of `partition-store.block-bytes`: below 1 KiB, a block's index entry and checksum
+/// outweigh what it holds; above 1 MiB, a point lookup that misses the cache reads and
+/// decompresses all of it.
+const BLOCK_BYTES_MIN: usize = 1024;
+const BLOCK_BYTES_MAX: usize = 1024 * 1024;
+
 impl Default for PartitionStoreConfig {
     fn default() -> Self {
         PartitionStoreConfig {
             block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
             write_buffer_bytes: cairn_partition_store::StoreOptions::default().write_buffer_bytes,
             compaction_style: CompactionStyle::store_default(),
+            block_bytes: cairn_partition_store::StoreOptions::default().block_bytes,
         }
     }
 }
@@ -566,6 +576,14 @@ impl Config {
             return Err(ConfigError(format!(
                 "partition-store.write-buffer-bytes is {}: it must be at least 1048576 (1 MiB)",
                 self.partition_store.write_buffer_bytes
+            )));
+        }
+        let block_bytes = self.partition_store.block_bytes;
+        if !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes) {
+            return Err(ConfigError(format!(
+                "partition-store.block-bytes is {block_bytes}: it must be from {BLOCK_BYTES_MIN} \
+                 (1 KiB) to {BLOCK_BYTES_MAX} (1 MiB); the default is {}",
+                cairn_partition_store::StoreOptions::default().block_bytes
             )));
         }
         Ok(())
@@ -790,6 +808,26 @@ mod tests {
                     && err.contains("tiered")
                     && err.contains("universal")
                     && err.contains("leveled"),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_block_size_is_taken_within_its_bounds() {
+        Jail::expect_with(|jail| {
+            assert_eq!(load(None).unwrap().partition_store.block_bytes, 16 * 1024);
+            jail.create_file("cairn.toml", "[partition-store]\nblock-bytes = 4096\n")?;
+            let config = load(Some("cairn.toml")).unwrap();
+            assert_eq!(config.partition_store.block_bytes, 4096);
+            jail.set_env("CAIRN_PARTITION_STORE__BLOCK_BYTES", "512");
+            let err = load(Some("cairn.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("partition-store.block-bytes is 512")
+                    && err.contains("1024")
+                    && err.contains("1048576")
+                    && err.contains("16384"),
                 "{err}"
             );
             Ok(())

@@ -616,6 +616,7 @@ async fn open_storage(
         block_cache_bytes: config.partition_store.block_cache_bytes,
         write_buffer_bytes: config.partition_store.write_buffer_bytes,
         compaction_style: config.partition_store.compaction_style.for_store(),
+        block_bytes: config.partition_store.block_bytes,
         ..StoreOptions::default()
     };
     let nats_logs: Option<Arc<dyn LogProvider>> = match config.log.provider {

@@ -30,6 +30,9 @@ impl Node {
         if let Some(style) = args.compaction_style {
             partition_store.compaction_style = style.for_node();
         }
+        if let Some(bytes) = args.block_bytes {
+            partition_store.block_bytes = bytes;
+        }
         let config = cairn_node::Config {
             partition_store,
             base_dir: dir.path().to_path_buf(),

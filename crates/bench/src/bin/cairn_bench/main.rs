@@ -66,6 +66,10 @@ struct Args {
     /// compaction-style`); its default when not given
     #[arg(long, value_enum)]
     compaction_style: Option<CompactionStyle>,
+    /// Size of the Cairn node's table blocks (the node's `[partition-store] block-bytes`); its
+    /// default when not given
+    #[arg(long)]
+    block_bytes: Option<usize>,
     /// Keys written before the reads, which read them
     #[arg(long, default_value_t = 10_000)]
     read_keys: u64,
