@@ -38,9 +38,10 @@ pub struct StoreOptions {
     /// 16 partitions and 100-byte values of one repeated byte (`cairn-bench --seconds 10
     /// --rounds 5 --workloads put-batch,insert-batch --front-ends grpc,resp`, two runs of 16 KiB
     /// against three of 4 KiB): 3.9 against 4.2-4.4 CPU µs per key over all the rounds' batched
-    /// writes, 7-10% more keys/s, and tables about a tenth smaller per key. Gets of 10,000 keys
-    /// came out even; of 3 million keys, more than the block cache holds, 16 KiB served 1.5-1.8
-    /// times the keys/s of 4 KiB, and 32 KiB less than 16 KiB.
+    /// writes, 7-10% more keys/s, and tables about a tenth smaller per key; with values of
+    /// random bytes (`--random-values`, one run each), 4.9 against 5.3 µs per key and 6% more
+    /// keys/s. Gets of 10,000 keys came out even; of 3 million keys, more than the block cache
+    /// holds, 16 KiB served 1.5-1.8 times the keys/s of 4 KiB, and 32 KiB less than 16 KiB.
     pub block_bytes: usize,
 }
 

@@ -140,20 +140,20 @@ pub async fn send(
     workload: Workload,
     keys: Vec<Bytes>,
 ) -> anyhow::Result<()> {
-    let value = args.value();
     match workload {
         Workload::PutBatch | Workload::Put => {
             let entries = keys
                 .into_iter()
                 .map(|key| PutEntry {
+                    value: args.value_for(&key),
                     key,
-                    value: value.clone(),
                     ttl: None,
                 })
                 .collect();
             client.put(entries).await.context("Cairn put")?;
         }
         Workload::InsertBatch | Workload::Insert => {
+            let value = args.value_for(&keys[0]);
             let inserted = client
                 .insert_if_absent(keys, value, Some(args.ttl()))
                 .await

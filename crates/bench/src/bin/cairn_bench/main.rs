@@ -31,8 +31,15 @@ use cairn_bench::ratio;
 use cairn_bench::report::{progress, size};
 use clap::Parser;
 use drive::{Figures, Workload};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// What values are cut from ([`Args::value_for`]): set once at start, never freed, so that a
+/// value is a slice that costs no allocation or reference count.
+static VALUES: OnceLock<&'static [u8]> = OnceLock::new();
+
+/// Random bytes that `--random-values` cuts values from, at offsets picked by key.
+const RANDOM_POOL_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Parser, Debug, Clone)]
 #[command(name = "cairn-bench")]
@@ -55,6 +62,10 @@ struct Args {
     /// Value size in bytes
     #[arg(long, default_value_t = 100)]
     value_bytes: usize,
+    /// Values of random bytes, which do not compress, each key its own (an insert-if-absent
+    /// request writes one value under all its keys); by default every value is one byte repeated
+    #[arg(long)]
+    random_values: bool,
     /// Partitions of the benchmarked Cairn node
     #[arg(long, default_value_t = 16)]
     partitions: u16,
@@ -134,8 +145,24 @@ impl FrontEnd {
 }
 
 impl Args {
-    fn value(&self) -> Bytes {
-        Bytes::from(vec![b'v'; self.value_bytes])
+    /// What [`Args::value_for`] cuts values from.
+    fn values(&self) -> Vec<u8> {
+        if self.random_values {
+            let mut pool = vec![0; RANDOM_POOL_BYTES.max(2 * self.value_bytes)];
+            rand::RngCore::fill_bytes(&mut rand::rng(), &mut pool);
+            pool
+        } else {
+            vec![b'v'; self.value_bytes]
+        }
+    }
+
+    /// The value written under `key`: `--value-bytes` of one byte repeated, or of random bytes
+    /// chosen by the key's hash with `--random-values`.
+    fn value_for(&self, key: &[u8]) -> Bytes {
+        let pool: &'static [u8] = VALUES.get_or_init(|| self.values().leak());
+        let starts = (pool.len() - self.value_bytes + 1) as u64;
+        let start = (cairn_types::partition_key(key) % starts) as usize;
+        Bytes::from_static(&pool[start..start + self.value_bytes])
     }
 
     fn ttl(&self) -> Duration {
@@ -183,13 +210,24 @@ enum RedisRun {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.check()?;
+    VALUES.get_or_init(|| args.values().leak());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     println!(
-        "cairn-bench: {} clients, batches of {} keys, {}-byte values, {}s per workload, {} \
+        "cairn-bench: {} clients, batches of {} keys, {}-byte values{}, {}s per workload, {} \
          round(s), {} Cairn partitions",
-        args.clients, args.batch, args.value_bytes, args.seconds, args.rounds, args.partitions
+        args.clients,
+        args.batch,
+        args.value_bytes,
+        if args.random_values {
+            " of random bytes"
+        } else {
+            ""
+        },
+        args.seconds,
+        args.rounds,
+        args.partitions
     );
     let (cairn, redis, raw) = runtime.block_on(run_rounds(&args))?;
     let windows = if args.dedup_windows > 0 {

@@ -146,13 +146,15 @@ pub async fn send(
     workload: Workload,
     keys: Vec<Bytes>,
 ) -> anyhow::Result<()> {
-    let value = args.value();
+    // An insert-if-absent request writes one value under all its keys, as Cairn's does.
+    let value = args.value_for(&keys[0]);
     let ttl = args.ttl().as_secs();
     match workload {
         Workload::PutBatch => {
             let mut pipe = redis::pipe();
             for key in &keys {
-                pipe.set(key.as_ref(), value.as_ref()).ignore();
+                pipe.set(key.as_ref(), args.value_for(key).as_ref())
+                    .ignore();
             }
             pipe.query_async::<()>(connection)
                 .await

@@ -60,7 +60,7 @@ pub fn synced_batches(args: &Args, raw: &RawDb, round: usize) -> anyhow::Result<
     let threads: Vec<_> = (0..args.clients)
         .map(|c| {
             let (db, stop, args) = (db.clone(), stop.clone(), args.clone());
-            let (batch_len, value) = (args.batch, args.value());
+            let batch_len = args.batch;
             std::thread::spawn(move || -> anyhow::Result<Recorder> {
                 let mut write_options = rust_rocksdb::WriteOptions::default();
                 write_options.set_sync(true);
@@ -69,6 +69,7 @@ pub fn synced_batches(args: &Args, raw: &RawDb, round: usize) -> anyhow::Result<
                 while !stop.load(Ordering::Relaxed) {
                     let mut batch = rust_rocksdb::WriteBatch::default();
                     for key in request_keys(&args, Workload::PutBatch, round, c, seq) {
+                        let value = args.value_for(&key);
                         match order {
                             KeyOrder::Client => batch.put(key, &value),
                             KeyOrder::Hashed => {
