@@ -1498,20 +1498,21 @@ pub(crate) mod tests {
         }
     }
 
-    fn store_options(block_bytes: usize) -> StoreOptions {
-        StoreOptions {
+    /// Partition 0 of the store in `dir`, opened with tables in blocks of `block_bytes`.
+    fn partition_in_blocks(dir: &Path, block_bytes: usize) -> PartitionStore {
+        let options = StoreOptions {
             block_bytes,
             ..StoreOptions::default()
-        }
+        };
+        let manager = PartitionStoreManager::open(dir, &options).unwrap();
+        manager.open_or_create_partition(PartitionId(0)).unwrap()
     }
 
     #[test]
     fn tables_are_written_in_blocks_of_the_configured_size() {
         let blocks_of = |block_bytes: usize| {
             let dir = tempfile::tempdir().unwrap();
-            let manager = PartitionStoreManager::open(dir.path(), &store_options(block_bytes));
-            let store = manager.unwrap().open_or_create_partition(PartitionId(0));
-            let store = store.unwrap();
+            let store = partition_in_blocks(dir.path(), block_bytes);
             write_flushed(&store, 0..2_000);
             assert_flushed(&store, 0..2_000);
             data_blocks(&store)
@@ -1528,13 +1529,8 @@ pub(crate) mod tests {
     #[test]
     fn a_store_written_in_other_blocks_opens_and_serves_its_keys() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let manager = PartitionStoreManager::open(dir.path(), &store_options(4 * 1024));
-            let store = manager.unwrap().open_or_create_partition(PartitionId(0));
-            write_flushed(&store.unwrap(), 0..2_000);
-        }
-        let manager = PartitionStoreManager::open(dir.path(), &store_options(64 * 1024)).unwrap();
-        let store = manager.open_or_create_partition(PartitionId(0)).unwrap();
+        write_flushed(&partition_in_blocks(dir.path(), 4 * 1024), 0..2_000);
+        let store = partition_in_blocks(dir.path(), 64 * 1024);
         assert_flushed(&store, 0..2_000);
         let old = data_blocks(&store);
         assert!(old >= 50, "{old} blocks of 4 KiB");

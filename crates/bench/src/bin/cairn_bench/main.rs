@@ -34,8 +34,9 @@ use drive::{Figures, Workload};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// What values are cut from ([`Args::value_for`]): set once at start, never freed, so that a
-/// value is a slice that costs no allocation or reference count.
+/// What values are cut from ([`Args::value_for`]): set once at start, before any run times
+/// anything, and never freed, so that a value is a slice that costs no allocation or reference
+/// count.
 static VALUES: OnceLock<&'static [u8]> = OnceLock::new();
 
 /// Random bytes that `--random-values` cuts values from, at offsets picked by key.
@@ -159,7 +160,7 @@ impl Args {
     /// The value written under `key`: `--value-bytes` of one byte repeated, or of random bytes
     /// chosen by the key's hash with `--random-values`.
     fn value_for(&self, key: &[u8]) -> Bytes {
-        let pool: &'static [u8] = VALUES.get_or_init(|| self.values().leak());
+        let pool = VALUES.get().expect("main sets the values before any run");
         let starts = (pool.len() - self.value_bytes + 1) as u64;
         let start = (cairn_types::partition_key(key) % starts) as usize;
         Bytes::from_static(&pool[start..start + self.value_bytes])
