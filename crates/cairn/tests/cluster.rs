@@ -323,7 +323,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
         .unwrap()
         .unwrap_or_else(|| panic!("{name} reports what it runs"));
         for (partition, running) in observed.partitions {
-            if running.role == "leader" {
+            if running.role == cairn_metadata::ObservedRole::Leader {
                 observed_leaders
                     .entry(partition.0)
                     .or_default()
@@ -429,7 +429,7 @@ fn partition_metric(text: &str, metric: &str, partition: usize) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_again() {
+async fn a_dead_followers_place_goes_to_a_node_that_restores_the_trimmed_log_from_the_repository() {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsCluster::start(&dir.path().join("nats"));
     let config = cluster_config(dir.path(), &nats);
@@ -440,7 +440,7 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
         .collect();
     let first = nodes[0].as_ref().unwrap().address.clone();
     let table = wait_until_serving(&first);
-    // A partition that n1 leads, and its follower.
+    // A partition that n1 leads, its follower, and the third node.
     let placed = placement(&table);
     let partition = placed
         .iter()
@@ -448,10 +448,9 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
         .expect("n1 leads a partition");
     let follower = placed[partition].1.clone();
     let f = names.iter().position(|n| *n == follower).unwrap();
+    let t = (0..NODES).find(|&i| i != 0 && i != f).unwrap();
 
-    // The follower goes away; meanwhile its partition gets records, a snapshot, and a trim past
-    // them.
-    nodes[f].take().unwrap().kill();
+    // The partition gets records, a snapshot, and a trim past them.
     let keys = support::keys_of_partition("behind", partition as u16, 300);
     put_keys(&first, &keys, 50).await;
     ok(cairnctl(
@@ -476,9 +475,23 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
         .unwrap_or_else(|| panic!("no trim point in:\n{trimmed}"));
     assert!(trim_point > 0, "the log was trimmed:\n{trimmed}");
 
-    // Back on its base dir, the follower finds its store behind the trim point: it restores
-    // from the repository, then follows the log again, new records included.
-    let back = start_node(dir.path(), &config, &follower);
+    // The follower dies. After the node timeout the controller gives its place to the third
+    // node, which has no store of the partition and a log trimmed past nothing it holds: it
+    // restores from the repository, then follows the log, new records included.
+    nodes[f].take().unwrap().kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let table = ok(cairnctl(&first, &["partitions", "list"]));
+        if placement(&table)[partition].1 == names[t] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} does not follow partition {partition} 30 s after {follower} died:\n{table}",
+            names[t]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let more = support::keys_of_partition("after", partition as u16, 100);
     put_keys(&first, &more, 50).await;
     let leader_tail = {
@@ -495,10 +508,11 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
             .unwrap()
             .log_tail
     };
+    let replacement = nodes[t].as_ref().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let applied = partition_metric(
-            &support::scrape(&back),
+            &support::scrape(replacement),
             "cairn_partition_applied_lsn",
             partition,
         );
@@ -507,18 +521,46 @@ async fn a_follower_that_comes_back_behind_the_trim_point_restores_and_follows_a
         }
         assert!(
             Instant::now() < deadline,
-            "{follower} applied {applied:?} of partition {partition}, the leader's log ends at {leader_tail}:\n{}",
-            back.output()
+            "{} applied {applied:?} of partition {partition}, the leader's log ends at {leader_tail}:\n{}",
+            names[t],
+            replacement.output()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
-        back.output()
+        replacement
+            .output()
             .lines()
             .any(|l| l.contains("Restored partition from snapshot")
                 && l.contains(&format!("partition={partition} "))),
-        "{follower} restored partition {partition} from the repository:\n{}",
-        back.output()
+        "{} restored partition {partition} from the repository:\n{}",
+        names[t],
+        replacement.output()
+    );
+    // The dead follower comes back on its base dir: it rejoins, alive, and the partition's
+    // leadership stays where it is.
+    let back = start_node(dir.path(), &config, &follower);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = ok(cairnctl(&first, &["nodes", "list"]));
+        let row = list
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(follower.as_str()))
+            .unwrap_or_default()
+            .to_string();
+        if row.contains("alive") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{follower} is not alive again:\n{list}\n{}",
+            back.output()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        placement(&ok(cairnctl(&first, &["partitions", "list"])))[partition].0,
+        "n1"
     );
 }
 

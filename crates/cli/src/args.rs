@@ -81,6 +81,15 @@ pub enum Command {
     /// The cluster's nodes
     #[command(subcommand)]
     Nodes(NodesCommand),
+    /// The cluster as a whole
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Show which node holds the controller's lease, the node timeout, and each node's state
+    Status,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,8 +1,8 @@
 //! What each subcommand does.
 
 use crate::args::{
-    Cli, Command, GlobalOptions, KvCommand, LogsCommand, NodesCommand, PartitionsCommand,
-    SnapshotsCommand,
+    Cli, ClusterCommand, Command, GlobalOptions, KvCommand, LogsCommand, NodesCommand,
+    PartitionsCommand, SnapshotsCommand,
 };
 use crate::output::{show_bytes, show_bytes_count, show_time, table};
 use anyhow::{Context, bail};
@@ -38,7 +38,46 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => logs_trim(&client, global, log_id, trim_point, force).await,
         Command::Snapshots(command) => snapshots(&client, global, command).await,
         Command::Nodes(NodesCommand::List) => nodes_list(&client, global).await,
+        Command::Cluster(ClusterCommand::Status) => cluster_status(&client).await,
     }
+}
+
+async fn cluster_status(client: &Client) -> anyhow::Result<ExitCode> {
+    let cluster = client.describe_cluster().await?;
+    println!("cluster:          {}", cluster.cluster_name);
+    println!("partitions:       {}", cluster.num_partitions);
+    println!(
+        "placement:        version {} (as {} last read it)",
+        cluster.partition_table_version, cluster.node_name
+    );
+    if cluster.node_timeout_ms == 0 {
+        println!("controller:       none: {} runs alone", cluster.node_name);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if cluster.controller.is_empty() {
+        println!("controller:       nobody holds the lease now");
+    } else {
+        println!(
+            "controller:       {} (term {})",
+            cluster.controller, cluster.controller_term
+        );
+    }
+    println!(
+        "node timeout:     {} ms (a leader stops serving {} ms after its last heartbeat)",
+        cluster.node_timeout_ms,
+        cluster.node_timeout_ms * 2 / 3
+    );
+    let nodes = client.list_nodes().await?;
+    let count = |state: &str| nodes.iter().filter(|n| n.state == state).count();
+    println!(
+        "nodes:            {} alive, {} starting, {} silent, {} dead, {} left",
+        count("alive"),
+        count("starting"),
+        count("silent"),
+        count("dead"),
+        count("left")
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn nodes_list(client: &Client, global: &GlobalOptions) -> anyhow::Result<ExitCode> {
@@ -48,15 +87,22 @@ async fn nodes_list(client: &Client, global: &GlobalOptions) -> anyhow::Result<E
         &["NODE", "ADDRESS", "STATUS", "LAST SEEN", "LEADS", "FOLLOWS"],
     );
     for n in nodes {
-        let last_seen = if n.last_seen_ms == 0 {
-            "stopped".to_string()
+        // How long ago the answering node saw the record change, by its own clock.
+        let ago = format!("{:.1} s ago", n.last_seen_ago_ms as f64 / 1000.0);
+        let last_seen = match global.time_format {
+            _ if n.last_seen_ms == 0 => "-".to_string(),
+            crate::args::TimeFormat::Human => ago,
+            format => format!("{} ({ago})", show_time_ms(n.last_seen_ms, format)),
+        };
+        let status = if n.state.is_empty() {
+            if n.alive { "alive" } else { "dead" }.to_string()
         } else {
-            show_time_ms(n.last_seen_ms, global.time_format)
+            n.state
         };
         t.add_row(vec![
             n.name,
             n.address,
-            if n.alive { "alive" } else { "dead" }.to_string(),
+            status,
             last_seen,
             n.leads.to_string(),
             n.follows.to_string(),

@@ -25,6 +25,7 @@ const PATIENCE: Duration = Duration::from_secs(10);
 pub async fn run_all(open: Open<'_>) {
     preconditions_decide_every_put(open).await;
     of_writers_racing_on_one_version_exactly_one_wins(open).await;
+    racing_read_modify_writes_each_take_effect_once(open).await;
     a_watch_delivers_every_committed_version_in_order(open).await;
     a_watch_of_a_missing_key_starts_at_its_first_version(open).await;
     values_survive_a_restart(open).await;
@@ -95,6 +96,45 @@ pub async fn of_writers_racing_on_one_version_exactly_one_wins(open: Open<'_>) {
             value: json!(winner)
         }),
         "the store holds the winner's value at the version it was told"
+    );
+}
+
+/// Writers that all add to one counter through [`crate::update_typed`] lose compare-and-swaps
+/// to each other, retry, and each add exactly once.
+pub async fn racing_read_modify_writes_each_take_effect_once(open: Open<'_>) {
+    const WRITERS: u64 = 12;
+    let store = open("read-modify-write").await;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                crate::update_typed::<u64, ()>(store.as_ref(), "counter", "counter", |count| {
+                    crate::Change::Write(count.unwrap_or(0) + 1, ())
+                })
+                .await
+            })
+        })
+        .collect();
+    for writer in writers {
+        let ((), version) = writer.await.unwrap().expect("a retried compare-and-swap");
+        assert!(version.is_some());
+    }
+    let (_, count) = crate::get_typed::<u64>(store.as_ref(), "counter", "counter")
+        .await
+        .unwrap()
+        .expect("the counter");
+    assert_eq!(count, WRITERS, "every writer added once");
+    // Keep writes nothing and answers the version read.
+    let (seen, version) =
+        crate::update_typed::<u64, u64>(store.as_ref(), "counter", "counter", |count| {
+            crate::Change::Keep(count.unwrap_or(0))
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen, WRITERS);
+    assert_eq!(
+        store.get("counter").await.unwrap().map(|v| v.version),
+        version
     );
 }
 

@@ -17,8 +17,8 @@ mod records;
 pub mod test_util;
 
 pub use records::{
-    ArchivedHistory, ClusterRecord, ControllerLease, Members, NodeRecord, Observed,
-    ObservedPartition, PartitionPlacement, PartitionTable,
+    ArchivedHistory, ClusterRecord, ControllerLease, Members, NodeRecord, NodeState, Observed,
+    ObservedPartition, ObservedRole, PartitionPlacement, PartitionTable,
 };
 
 use async_trait::async_trait;
@@ -73,6 +73,12 @@ pub enum Error {
         what: &'static str,
         detail: String,
     },
+    /// Every attempt of a compare-and-swap ([`update_typed`]) found another writer's version.
+    #[error(
+        "metadata key {key}: {attempts} compare-and-swap attempts in a row lost to other \
+         writers; retry later"
+    )]
+    Contended { key: String, attempts: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -141,4 +147,71 @@ pub async fn put_typed<T: serde::Serialize>(
     // Serialising plain data structures to a JSON value cannot fail.
     let value = serde_json::to_value(value).expect("encode metadata record");
     store.put(key, value, precondition).await
+}
+
+/// What a read-modify-write ([`update_typed`]) makes of the value it read.
+pub enum Change<T, R> {
+    /// Write this value, conditional on the version read, and answer `R`.
+    Write(T, R),
+    /// Leave the key as it is and answer `R`.
+    Keep(R),
+}
+
+/// Attempts of one [`update_typed`] before it gives up with [`Error::Contended`].
+pub const UPDATE_ATTEMPTS: usize = 64;
+/// The pause after the first lost attempt; it doubles after each, up to [`UPDATE_PAUSE_MAX`].
+const UPDATE_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
+const UPDATE_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Compare-and-swap, retried: reads `key`, asks `change` what to make of its value (`None` when
+/// absent), and writes that conditional on the version read. When another writer got there
+/// first, it reads again and asks again, after a pause that doubles from 2 ms up to 200 ms with
+/// a random part (so that writers racing on one key spread out rather than collide in step), at
+/// most [`UPDATE_ATTEMPTS`] times. Returns `change`'s answer and the key's version after the
+/// call (the one written, or the one read when nothing was written; `None` for a key that is
+/// still absent).
+pub async fn update_typed<T, R>(
+    store: &dyn MetadataStore,
+    key: &str,
+    what: &'static str,
+    mut change: impl FnMut(Option<T>) -> Change<T, R>,
+) -> Result<(R, Option<Version>)>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let mut pause = UPDATE_PAUSE_FIRST;
+    for _ in 0..UPDATE_ATTEMPTS {
+        let (version, current) = match get_typed::<T>(store, key, what).await? {
+            Some((version, value)) => (Some(version), Some(value)),
+            None => (None, None),
+        };
+        let precondition = version.map_or(Precondition::DoesNotExist, Precondition::MatchesVersion);
+        match change(current) {
+            Change::Keep(answer) => return Ok((answer, version)),
+            Change::Write(value, answer) => {
+                match put_typed(store, key, &value, precondition).await {
+                    Ok(written) => return Ok((answer, Some(written))),
+                    Err(Error::PreconditionFailed { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        tokio::time::sleep(jittered(pause)).await;
+        pause = (pause * 2).min(UPDATE_PAUSE_MAX);
+    }
+    Err(Error::Contended {
+        key: key.to_owned(),
+        attempts: UPDATE_ATTEMPTS,
+    })
+}
+
+/// `pause` plus up to half of it again, by the clock's low bits (good enough to spread out
+/// writers; nothing depends on it being random).
+fn jittered(pause: std::time::Duration) -> std::time::Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let half = pause.as_micros() as u64 / 2;
+    pause + std::time::Duration::from_micros(u64::from(nanos) % (half + 1))
 }

@@ -21,6 +21,17 @@ impl ClusterRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionTable {
     pub partitions: BTreeMap<PartitionId, PartitionPlacement>,
+    /// The term of the controller that wrote the table last ([`ControllerLease::term`]). A
+    /// controller that takes the lease over stamps its term here before it decides anything, and
+    /// no controller writes a table stamped with a term newer than its own: so a controller that
+    /// lost its lease while it was stalled finds its next write refused, by this stamp or by the
+    /// table's version having moved.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub controller_term: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl PartitionTable {
@@ -62,10 +73,48 @@ pub struct NodeRecord {
     pub generation: u64,
     /// When this generation started, in milliseconds since the Unix epoch.
     pub started_at_ms: u64,
-    /// Wall clock of the node at its last heartbeat, in milliseconds since the Unix epoch.
+    /// Wall clock of the node at its last heartbeat, in milliseconds since the Unix epoch. Shown
+    /// to operators only: liveness is judged by whether the record changes, on the observer's
+    /// own clock, never by comparing this with another machine's clock.
     pub heartbeat_ms: u64,
     /// The Cairn version it runs.
     pub version: String,
+    /// What the node is doing, as it last said (or, for [`NodeState::Dead`], as the controller
+    /// judged it).
+    #[serde(default)]
+    pub state: NodeState,
+    /// Heartbeats of this generation so far: every heartbeat changes the record.
+    #[serde(default)]
+    pub heartbeats: u64,
+}
+
+/// A node's state in its record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Registered, opening its stores: it leads nothing yet, and may be given partitions to
+    /// follow.
+    Starting,
+    /// Serving: it may lead and follow partitions.
+    #[default]
+    Alive,
+    /// It stopped cleanly: what it led may be moved at once.
+    Left,
+    /// The controller saw its record unchanged for the node timeout and wrote this over it
+    /// (conditional on the version it saw). The node's own next heartbeat then fails, and it
+    /// registers again as a new generation, having given up every leadership.
+    Dead,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Starting => "starting",
+            NodeState::Alive => "alive",
+            NodeState::Left => "left",
+            NodeState::Dead => "dead",
+        }
+    }
 }
 
 impl NodeRecord {
@@ -74,13 +123,26 @@ impl NodeRecord {
     }
 }
 
-/// Who runs the controller, until when. Key: [`ControllerLease::KEY`].
+/// Who runs the controller. Key: [`ControllerLease::KEY`]. The holder renews it by rewriting
+/// it (compare-and-swap) every heartbeat; another node takes it over once it has seen the record
+/// unchanged for the node timeout on its own clock, or at once when the holder released it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControllerLease {
     pub holder: NodeId,
-    /// The lease is the holder's until this wall-clock time, in milliseconds since the Unix
-    /// epoch, unless it renews it.
-    pub expires_ms: u64,
+    /// Counts the takeovers: each new holder has a higher term than every earlier one, and
+    /// stamps it on the partition table ([`PartitionTable::controller_term`]).
+    #[serde(default)]
+    pub term: u64,
+    /// Renewals by this holder in this term: every renewal changes the record.
+    #[serde(default)]
+    pub renewals: u64,
+    /// The holder stopped cleanly and gave the lease up: any node may take it at once.
+    #[serde(default)]
+    pub released: bool,
+    /// The holder's wall clock at its last renewal, in milliseconds since the Unix epoch; shown
+    /// to operators only.
+    #[serde(default)]
+    pub renewed_at_ms: u64,
 }
 
 impl ControllerLease {
@@ -91,6 +153,10 @@ impl ControllerLease {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Observed {
     pub partitions: BTreeMap<PartitionId, ObservedPartition>,
+    /// The generation of the node that reported it ([`NodeRecord::generation`]): a report of an
+    /// earlier generation says nothing of what the node runs now.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl Observed {
@@ -101,13 +167,40 @@ impl Observed {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedPartition {
-    /// `leader`, `follower`, `starting` or `down`.
-    pub role: String,
+    pub role: ObservedRole,
     pub epoch: Epoch,
     pub applied_lsn: u64,
     /// Why it is down, if it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// What a node runs of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObservedRole {
+    /// It leads the partition and serves its requests.
+    Leader,
+    /// It tails and applies the partition's log, ready to take over.
+    Follower,
+    /// It is bringing the partition up (repair, maybe a restore, replay).
+    Starting,
+    /// It is restoring the partition from a snapshot.
+    Restoring,
+    /// It cannot run the partition until an operator acts: the reason says why.
+    Down,
+}
+
+impl ObservedRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObservedRole::Leader => "leader",
+            ObservedRole::Follower => "follower",
+            ObservedRole::Starting => "starting",
+            ObservedRole::Restoring => "restoring",
+            ObservedRole::Down => "down",
+        }
+    }
 }
 
 /// The archived LSNs of one partition (what its retained snapshots cover), each with when a node

@@ -102,6 +102,11 @@ pub struct ClusterConfig {
     pub initial_nodes: usize,
     /// Followers of each partition, on nodes other than its leader's, ready to take over.
     pub standbys: usize,
+    /// A node whose heartbeats have not changed its record for this long, as another node's
+    /// clock measures it, is dead and its partitions move to their followers; a leader stops
+    /// serving two thirds of it after its last successful heartbeat.
+    #[serde(with = "humantime_req")]
+    pub node_timeout: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -109,9 +114,15 @@ impl Default for ClusterConfig {
         ClusterConfig {
             initial_nodes: 1,
             standbys: 1,
+            node_timeout: cairn_controller::Timing::DEFAULT_NODE_TIMEOUT,
         }
     }
 }
+
+/// The node timeout's bounds: below a second, a busy machine's heartbeat would miss it; above a
+/// minute, a dead node's partitions would wait that long.
+const NODE_TIMEOUT_MIN: Duration = Duration::from_millis(600);
+const NODE_TIMEOUT_MAX: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -247,7 +258,7 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
-            snapshot_restore_policy: RestorePolicy::None,
+            snapshot_restore_policy: RestorePolicy::Auto,
             trim_log_interval: None,
             trim_log_delay: Duration::ZERO,
             snapshots: SnapshotsConfig::default(),
@@ -258,8 +269,22 @@ impl Default for WorkerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RestorePolicy {
+    /// `on-init` in a cluster (a node that gets a partition it has no store of restores the
+    /// newest snapshot rather than replay the whole log), `none` alone.
+    Auto,
     None,
     OnInit,
+}
+
+impl RestorePolicy {
+    /// Whether a partition with no store restores a snapshot first.
+    pub fn restores_on_init(self, cluster: bool) -> bool {
+        match self {
+            RestorePolicy::Auto => cluster,
+            RestorePolicy::None => false,
+            RestorePolicy::OnInit => true,
+        }
+    }
 }
 
 /// The value of `worker.snapshots.destination` that turns snapshots off.
@@ -531,6 +556,16 @@ impl Config {
                 return Err(ConfigError(format!(
                     "bind-address {} listens on every interface, so it says nothing about where the other nodes reach this one: set advertised-address (CAIRN_ADVERTISED_ADDRESS) to this node's host:port",
                     self.bind_address
+                )));
+            }
+            let timeout = self.cluster.node_timeout;
+            if !(NODE_TIMEOUT_MIN..=NODE_TIMEOUT_MAX).contains(&timeout) {
+                return Err(ConfigError(format!(
+                    "cluster.node-timeout is {}: it must be from {} to {} (the default is {})",
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(NODE_TIMEOUT_MIN),
+                    humantime::format_duration(NODE_TIMEOUT_MAX),
+                    humantime::format_duration(cairn_controller::Timing::DEFAULT_NODE_TIMEOUT)
                 )));
             }
             if self.cluster.initial_nodes == 0 {
@@ -993,7 +1028,27 @@ mod tests {
                 "[log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
                  [worker.snapshots]\ndestination = \"s3://bucket/cairn\"\n",
             )?;
-            load(Some("cluster.toml")).expect("a cluster's configuration");
+            let config = load(Some("cluster.toml")).expect("a cluster's configuration");
+            assert_eq!(config.cluster.node_timeout, Duration::from_secs(3));
+            assert_eq!(config.worker.snapshot_restore_policy, RestorePolicy::Auto);
+            assert!(config.worker.snapshot_restore_policy.restores_on_init(true));
+            assert!(
+                !config
+                    .worker
+                    .snapshot_restore_policy
+                    .restores_on_init(false)
+            );
+            jail.set_env("CAIRN_CLUSTER__NODE_TIMEOUT", "5s");
+            assert_eq!(
+                load(Some("cluster.toml")).unwrap().cluster.node_timeout,
+                Duration::from_secs(5)
+            );
+            jail.set_env("CAIRN_CLUSTER__NODE_TIMEOUT", "100ms");
+            let err = load(Some("cluster.toml")).unwrap_err().to_string();
+            assert!(
+                err.contains("cluster.node-timeout is 100ms") && err.contains("the default is 3s"),
+                "{err}"
+            );
             Ok(())
         });
         Jail::expect_with(|jail| {

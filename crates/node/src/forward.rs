@@ -4,13 +4,12 @@
 //! that disagree for a moment (a leadership change) cost a retry, never a loop. Calls of a client
 //! that routes by itself are not forwarded either: refused, it reads the routes again.
 
-use crate::cluster;
 use bytes::Bytes;
 use cairn_api::MESSAGE_BYTES_MAX;
 use cairn_api::v1;
 use cairn_api::v1::admin_client::AdminClient;
 use cairn_api::v1::key_value_client::KeyValueClient;
-use cairn_metadata::{MetadataStore, PartitionTable};
+use cairn_metadata::PartitionTable;
 use cairn_partition_store::StoredValue;
 use cairn_types::record::{Action, Condition, Expiry, WriteOp};
 use cairn_types::{NodeId, PartitionId};
@@ -76,17 +75,15 @@ impl Routes {
             .clone()
     }
 
-    /// Takes a new partition table, with the nodes' addresses read again.
-    pub async fn update(&self, metadata: &dyn MetadataStore, table: PartitionTable) {
-        let addresses = match cluster::nodes(metadata).await {
-            Ok(nodes) => nodes.into_iter().map(|n| (n.name, n.address)).collect(),
-            Err(err) => {
-                tracing::warn!("read the nodes' addresses: {err:#}");
-                self.current().addresses.clone()
-            }
-        };
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) =
-            Arc::new(RouteTable { table, addresses });
+    /// Takes a new partition table and the nodes' addresses (those known before are kept for
+    /// nodes not in `addresses`).
+    pub fn update(&self, table: PartitionTable, addresses: HashMap<NodeId, String>) {
+        let mut known = self.current().addresses.clone();
+        known.extend(addresses);
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(RouteTable {
+            table,
+            addresses: known,
+        });
     }
 
     /// A connection to the node at `address`, made once and kept.

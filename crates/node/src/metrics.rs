@@ -42,7 +42,16 @@ pub(crate) struct Metrics {
     resp_commands: IntCounterVec,
     resp_duration: HistogramVec,
     resp_connections: IntGauge,
+    failovers: IntCounterVec,
+    failover_detection: prometheus::Histogram,
+    takeover: prometheus::Histogram,
+    nodes_marked_dead: prometheus::IntCounter,
 }
+
+/// Buckets for failover times, in seconds: around the node timeout (3 s by default).
+const FAILOVER_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 10.0, 30.0, 60.0,
+];
 
 /// Buckets for the time to answer a Redis command, in seconds.
 const COMMAND_BUCKETS: &[f64] = &[
@@ -180,9 +189,85 @@ impl Metrics {
                     .expect("registered once");
                 metric
             },
+            failovers: counter(
+                "failovers_total",
+                "Partition leaderships the controller on this node moved off a node that was gone \
+                 (`gone`: dead or left) or had restarted (`restarted`).",
+                &["reason"],
+            ),
+            failover_detection: {
+                let metric = prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "failover_detection_seconds",
+                        "For each failover the controller on this node wrote: time from the last \
+                         change it saw of the old leader's record to the new placement's write.",
+                    )
+                    .buckets(FAILOVER_BUCKETS.to_vec()),
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("registered once");
+                metric
+            },
+            takeover: {
+                let metric = prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "leadership_takeover_seconds",
+                        "Time this node took to lead a partition the placement gave it while it \
+                         ran it as a follower: from reading the placement to serving.",
+                    )
+                    .buckets(FAILOVER_BUCKETS.to_vec()),
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("registered once");
+                metric
+            },
+            nodes_marked_dead: {
+                let metric = prometheus::IntCounter::new(
+                    "nodes_marked_dead_total",
+                    "Nodes the controller on this node wrote dead after their records stayed \
+                     unchanged for the node timeout.",
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(metric.clone()))
+                    .expect("registered once");
+                metric
+            },
             newest_created: Default::default(),
             registry,
         }
+    }
+
+    /// A controller's event: counts dead nodes and failovers.
+    pub fn controller_event(&self, event: &cairn_controller::ControllerEvent) {
+        use cairn_controller::{Change, ControllerEvent, NodeCondition};
+        match event {
+            ControllerEvent::MarkedDead { .. } => self.nodes_marked_dead.inc(),
+            ControllerEvent::Changed {
+                change: Change::Failover { from_condition, .. },
+                detected_after,
+            } => {
+                let reason = if *from_condition == NodeCondition::Starting {
+                    "restarted"
+                } else {
+                    "gone"
+                };
+                self.failovers.with_label_values(&[reason]).inc();
+                if let Some(after) = detected_after {
+                    self.failover_detection.observe(after.as_secs_f64());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// This node took over a partition it followed, in `took`.
+    pub fn record_takeover(&self, took: Duration) {
+        self.takeover.observe(took.as_secs_f64());
     }
 
     pub fn record_publish(&self, partition: impl ToString, uploaded_bytes: u64, took: Duration) {

@@ -16,8 +16,8 @@ use cairn_log::nats::{NatsLogOptions, NatsLogProvider};
 use cairn_metadata::local::LocalMetadataStore;
 use cairn_metadata::nats::{NatsMetadataOptions, NatsMetadataStore};
 use cairn_metadata::{
-    ArchivedHistory, ClusterRecord, MetadataStore, NodeRecord, Observed, PartitionTable,
-    Precondition, get_typed, put_typed,
+    ArchivedHistory, Change, ClusterRecord, MetadataStore, Observed, PartitionTable, Precondition,
+    get_typed, put_typed, update_typed,
 };
 use cairn_partition_store::{PartitionStoreManager, StoreOptions};
 use cairn_snapshots::{ClusterIdentity, ProgressFn, RepositoryOptions, SnapshotRepository};
@@ -61,6 +61,10 @@ pub(crate) struct NodeState {
     /// Cancelled when the node starts shutting down: work that outlives the request that began
     /// it (an online restore) stops there.
     pub shutdown: CancellationToken,
+    /// In a cluster: this node's membership (its heartbeats and the lease they renew).
+    pub member: Option<Arc<cairn_controller::Member>>,
+    /// In a cluster: the members and the controller's lease, as this node observes them.
+    pub cluster_view: Option<tokio::sync::watch::Receiver<cairn_controller::ClusterView>>,
 }
 
 impl NodeState {
@@ -125,27 +129,22 @@ impl NodeState {
         id: PartitionId,
         lsn: Lsn,
     ) -> cairn_metadata::Result<ArchivedHistory> {
-        let key = ArchivedHistory::key(id);
-        loop {
-            let (precondition, mut history) = match get_typed::<ArchivedHistory>(
-                self.metadata.as_ref(),
-                &key,
-                "archived LSN history",
-            )
-            .await?
-            {
-                Some((version, history)) => (Precondition::MatchesVersion(version), history),
-                None => (Precondition::DoesNotExist, ArchivedHistory::default()),
-            };
-            if !history.remember(lsn.0, cluster::now_ms()) {
-                return Ok(history);
-            }
-            match put_typed(self.metadata.as_ref(), &key, &history, precondition).await {
-                Ok(_) => return Ok(history),
-                Err(cairn_metadata::Error::PreconditionFailed { .. }) => continue,
-                Err(err) => return Err(err),
-            }
-        }
+        let now = cluster::now_ms();
+        let (history, _) = update_typed::<ArchivedHistory, ArchivedHistory>(
+            self.metadata.as_ref(),
+            &ArchivedHistory::key(id),
+            "archived LSN history",
+            |history| {
+                let mut history = history.unwrap_or_default();
+                if history.remember(lsn.0, now) {
+                    Change::Write(history.clone(), history)
+                } else {
+                    Change::Keep(history)
+                }
+            },
+        )
+        .await?;
+        Ok(history)
     }
 
     /// Whether a snapshot of `id` is being published (a new one waits for it).
@@ -298,6 +297,11 @@ impl RunningNode {
 
     /// Stops serving and stops every partition processor.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        // In a cluster: stop serving as a leader first, then say so, so that what this node led
+        // moves at once (and never while it still serves it).
+        if let Some(member) = &self.state.member {
+            member.leave().await;
+        }
         self.cancel.cancel();
         // The server stops taking requests and waits for those in flight; a stream that does not
         // end by itself (an export to a client that stopped reading) must not hold the node up.
@@ -348,18 +352,21 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         .advertised_address
         .clone()
         .unwrap_or_else(|| local_addr.to_string());
-    let registered = if config.cluster_mode() {
+    let cancel = CancellationToken::new();
+    let mut background = Vec::new();
+    // In a cluster the node registers as `starting` and heartbeats from here on, so that a long
+    // opening of its stores is not taken for its death.
+    let member = if config.cluster_mode() {
         let instance = instance_id(base_dir.clone()).await?;
-        let record = NodeRecord {
-            name: node.clone(),
-            address: advertised_address.clone(),
+        let member = cluster::join(
+            metadata.clone(),
+            &config,
+            advertised_address.clone(),
             instance,
-            generation: 0,
-            started_at_ms: 0,
-            heartbeat_ms: 0,
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        };
-        Some(cluster::register(metadata.as_ref(), record).await?)
+        )
+        .await?;
+        background.push(tokio::spawn(member.clone().run(cancel.clone())));
+        Some(member)
     } else {
         None
     };
@@ -389,12 +396,25 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             metrics: metrics.clone(),
             staging_root: base_dir.join("restore-staging"),
             cluster: config.cluster_mode(),
+            lease: member.as_ref().map(|m| m.lease().clone()),
         },
         logs.as_ref(),
     )
     .await?;
 
-    let cancel = CancellationToken::new();
+    let cluster_view = match &member {
+        Some(_) => {
+            let (controller, view) = cluster::controller(
+                metadata.clone(),
+                &config,
+                cluster.num_partitions,
+                metrics.clone(),
+            );
+            background.push(tokio::spawn(controller.run(cancel.clone())));
+            Some(view)
+        }
+        None => None,
+    };
     let state = Arc::new(NodeState {
         cluster: cluster.clone(),
         node: node.clone(),
@@ -409,6 +429,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
         routes: Routes::new(),
         advertised_address: advertised_address.clone(),
         shutdown: cancel.clone(),
+        member: member.clone(),
+        cluster_view,
     });
     load_archived_lsns(&state).await;
     let (max_connections, max_clients) = crate::open_files::client_bounds(
@@ -428,7 +450,12 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     );
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let resp_addr = resp_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let mut background = spawn_background(&state, metrics_listener, &cancel, registered.is_none());
+    background.extend(spawn_background(
+        &state,
+        metrics_listener,
+        &cancel,
+        member.is_none(),
+    ));
     if let (Some(listener), Some(max_clients)) = (resp_listener, max_clients) {
         background.push(tokio::spawn(crate::resp::serve(
             listener,
@@ -437,23 +464,24 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
             cancel.clone(),
         )));
     }
-    if let Some((version, record)) = registered {
-        let placement = cluster::PlacementOptions {
-            num_partitions: cluster.num_partitions,
-            initial_nodes: state.config.cluster.initial_nodes,
-            standbys: state.config.cluster.standbys,
-        };
-        background.push(tokio::spawn(cluster::run(
-            metadata.clone(),
-            record,
-            version,
-            placement,
-            cancel.clone(),
-        )));
-        background.push(tokio::spawn(follow_placement(
-            state.clone(),
-            cancel.clone(),
-        )));
+    if let Some(member) = member {
+        let timing = cluster::timing(&state.config);
+        let following = state.clone();
+        let follow_cancel = cancel.clone();
+        background.push(tokio::spawn(async move {
+            // Partitions are taken on only once this node says it can take them.
+            tokio::select! {
+                alive = cluster::announce_alive(member, timing) => {
+                    if let Err(err) = alive {
+                        tracing::error!("{err:#}");
+                        follow_cancel.cancel();
+                        return;
+                    }
+                }
+                () = follow_cancel.cancelled() => return,
+            }
+            follow_placement(following, follow_cancel).await;
+        }));
     }
     Ok(RunningNode {
         local_addr,
@@ -771,12 +799,40 @@ fn serve_grpc(
     tokio::spawn(server)
 }
 
-/// In a cluster: follows the partition table and reconciles the partitions with every version
-/// of it (intent → what this node runs), and keeps the routes to the leaders.
+/// In a cluster: follows the partition table (the intent) and keeps the routes to the leaders,
+/// and has each partition brought in line with it by a task of its own, so that a partition that
+/// takes long (a restore of minutes, a replay) holds up no other partition's failover or route.
 async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
+    let (tables, _) = tokio::sync::watch::channel(Arc::new(PartitionTable::default()));
+    let mut tasks: Vec<JoinHandle<()>> = state
+        .partitions
+        .slots()
+        .iter()
+        .map(|slot| {
+            tokio::spawn(reconcile_partition(
+                state.clone(),
+                slot.id(),
+                tables.subscribe(),
+                cancel.clone(),
+            ))
+        })
+        .collect();
+    tasks.push(tokio::spawn(report_observed(state.clone(), cancel.clone())));
+    watch_placement(&state, &tables, &cancel).await;
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Follows every version of the partition table until `cancel`: keeps the routes and hands the
+/// table to the partitions' tasks.
+async fn watch_placement(
+    state: &NodeState,
+    tables: &tokio::sync::watch::Sender<Arc<PartitionTable>>,
+    cancel: &CancellationToken,
+) {
     let mut watch = None;
     let mut table = PartitionTable::default();
-    let mut serving = None;
     loop {
         // A watch that ended (its connection to NATS broke) is made again; it starts with the
         // table's current version, so nothing committed meanwhile is missed.
@@ -808,46 +864,140 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
                     continue;
                 }
             },
-            // Again now and then with the same intent: a partition that stopped (its log trimmed
-            // past its store) or could not start is started again, and node addresses refreshed.
+            // Again now and then: node addresses refreshed.
             () = tokio::time::sleep(RECONCILE_INTERVAL) => None,
             () = cancel.cancelled() => return,
         };
         if let Some(latest) = next {
-            match serde_json::from_value(latest.value) {
-                Ok(newest) => table = newest,
+            match serde_json::from_value::<PartitionTable>(latest.value) {
+                Ok(newest) => {
+                    table = newest;
+                    state
+                        .partitions
+                        .table_version
+                        .store(latest.version, std::sync::atomic::Ordering::Relaxed);
+                    state.routes.update(table.clone(), node_addresses(state));
+                    // Only a change of the placement wakes the partitions: a version that only
+                    // stamps a controller's term changes nothing they run.
+                    tables.send_if_modified(|known| {
+                        let changed = known.partitions != table.partitions;
+                        if changed {
+                            *known = Arc::new(table.clone());
+                        }
+                        changed
+                    });
+                }
                 Err(err) => {
                     tracing::error!(
                         "the partition table in the metadata store cannot be read: {err}"
                     );
-                    continue;
                 }
             }
-            state
-                .partitions
-                .table_version
-                .store(latest.version, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            state.routes.update(table.clone(), node_addresses(state));
         }
-        state
-            .routes
-            .update(state.metadata.as_ref(), table.clone())
-            .await;
+    }
+}
+
+/// The nodes' addresses, as this node last read their records.
+fn node_addresses(state: &NodeState) -> HashMap<NodeId, String> {
+    let Some(view) = &state.cluster_view else {
+        return HashMap::new();
+    };
+    view.borrow()
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let record = node.record.as_ref()?;
+            Some((node.name.clone(), record.address.clone()))
+        })
+        .collect()
+}
+
+/// Brings partition `id` in line with each new table, with this node's new generation (it
+/// leads nothing it led before it), and every [`RECONCILE_INTERVAL`] (a partition that stopped
+/// or could not start is started again), until `cancel`.
+async fn reconcile_partition(
+    state: Arc<NodeState>,
+    id: PartitionId,
+    mut tables: tokio::sync::watch::Receiver<Arc<PartitionTable>>,
+    cancel: CancellationToken,
+) {
+    let Some(slot) = state.partitions.slot(id) else {
+        return;
+    };
+    let mut generation = state.member.as_ref().map(|member| member.generation());
+    loop {
+        let table = tables.borrow_and_update().clone();
+        if table.partitions.values().any(|p| p.leader.is_some()) {
+            let role = cluster::role(&table, id, &state.node);
+            tokio::select! {
+                () = state.partitions.reconcile_one(slot, role) => {}
+                () = cancel.cancelled() => return,
+            }
+        }
+        let new_generation = async {
+            match &mut generation {
+                Some(generation) => {
+                    if generation.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         tokio::select! {
-            () = state.partitions.reconcile(&table) => {}
+            changed = tables.changed() => if changed.is_err() { return },
+            () = new_generation => {}
+            () = tokio::time::sleep(RECONCILE_INTERVAL) => {}
             () = cancel.cancelled() => return,
         }
-        report_observed(&state).await;
-        let running: Vec<bool> = state
-            .partitions
-            .slots()
-            .iter()
-            .filter_map(|slot| slot.running().ok().map(|p| p.leads()))
-            .collect();
+    }
+}
+
+/// Writes what this node runs (`observed/<node>`) beside the intent, whenever it changed, at
+/// most every heartbeat interval: operators compare the two, and the controller picks the most
+/// caught-up follower by it. Only this node writes its key.
+async fn report_observed(state: Arc<NodeState>, cancel: CancellationToken) {
+    let interval = cluster::timing(&state.config).heartbeat_interval();
+    let mut written: Option<Observed> = None;
+    let mut serving = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = cancel.cancelled() => return,
+        }
+        let mut observed = Observed {
+            generation: match &state.member {
+                Some(member) => *member.generation().borrow(),
+                None => 0,
+            },
+            ..Observed::default()
+        };
+        for slot in state.partitions.slots() {
+            if let Some(partition) = slot.observed().await {
+                observed.partitions.insert(slot.id(), partition);
+            }
+        }
+        let roles = observed.partitions.values().map(|p| p.role);
         let now = (
-            running.iter().filter(|leads| **leads).count(),
-            running.iter().filter(|leads| !**leads).count(),
+            roles
+                .clone()
+                .filter(|r| *r == cairn_metadata::ObservedRole::Leader)
+                .count(),
+            roles
+                .filter(|r| *r == cairn_metadata::ObservedRole::Follower)
+                .count(),
         );
-        if table.partitions.values().any(|p| p.leader.is_some()) && serving != Some(now) {
+        // Said once every partition placed here has come up (or is down for a reason), and
+        // again when that changes.
+        let settled = !observed.partitions.values().any(|p| {
+            matches!(
+                p.role,
+                cairn_metadata::ObservedRole::Starting | cairn_metadata::ObservedRole::Restoring
+            )
+        });
+        if settled && serving != Some(now) {
             info!(
                 "{} of {} partitions serving on this node as leader, {} as follower",
                 now.0,
@@ -856,27 +1006,20 @@ async fn follow_placement(state: Arc<NodeState>, cancel: CancellationToken) {
             );
             serving = Some(now);
         }
-    }
-}
-
-/// Writes what this node runs (`observed/<node>`) beside the intent, for operators and the
-/// controller to compare. Only this node writes its key.
-async fn report_observed(state: &NodeState) {
-    let mut observed = Observed::default();
-    for slot in state.partitions.slots() {
-        if let Some(partition) = slot.observed().await {
-            observed.partitions.insert(slot.id(), partition);
+        if written.as_ref() == Some(&observed) {
+            continue;
         }
-    }
-    if let Err(err) = put_typed(
-        state.metadata.as_ref(),
-        &Observed::key(&state.node),
-        &observed,
-        Precondition::None,
-    )
-    .await
-    {
-        tracing::warn!("report what this node runs: {err}");
+        match put_typed(
+            state.metadata.as_ref(),
+            &Observed::key(&state.node),
+            &observed,
+            Precondition::None,
+        )
+        .await
+        {
+            Ok(_) => written = Some(observed),
+            Err(err) => tracing::debug!("report what this node runs: {err}"),
+        }
     }
 }
 

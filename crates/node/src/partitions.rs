@@ -23,8 +23,8 @@ use crate::config::RestorePolicy;
 use crate::metrics::Metrics;
 use cairn_log::Loglet;
 use cairn_metadata::{
-    MetadataStore, ObservedPartition, PartitionPlacement, PartitionTable, Precondition, get_typed,
-    put_typed,
+    Change, MetadataStore, ObservedPartition, ObservedRole, PartitionPlacement, PartitionTable,
+    update_typed,
 };
 use cairn_partition_store::{PartitionStore, PartitionStoreManager};
 use cairn_snapshots::SnapshotId;
@@ -194,17 +194,17 @@ impl Slot {
     pub async fn observed(&self) -> Option<ObservedPartition> {
         let (role, partition, reason) = match self.state() {
             SlotState::Running(partition) => {
-                let role = if partition.leads() {
-                    "leader"
+                let role = if partition.holds_leadership() {
+                    ObservedRole::Leader
                 } else {
-                    "follower"
+                    ObservedRole::Follower
                 };
                 let reason = partition.stopped();
                 (role, Some(partition), reason)
             }
-            SlotState::Starting => ("starting", None, None),
-            SlotState::Restoring => ("restoring", None, None),
-            SlotState::Down(reason) => ("down", None, Some(reason)),
+            SlotState::Starting => (ObservedRole::Starting, None, None),
+            SlotState::Restoring => (ObservedRole::Restoring, None, None),
+            SlotState::Down(reason) => (ObservedRole::Down, None, Some(reason)),
             SlotState::Elsewhere => return None,
         };
         let (epoch, applied_lsn) = match partition {
@@ -218,7 +218,7 @@ impl Slot {
             None => (Epoch::default(), 0),
         };
         Some(ObservedPartition {
-            role: role.into(),
+            role,
             epoch,
             applied_lsn,
             reason,
@@ -271,6 +271,8 @@ pub(crate) struct Partitions {
     /// In a cluster, the controller decides who leads: a node leads only the partitions the
     /// partition table places on it. Alone, a node leads every partition.
     cluster: bool,
+    /// In a cluster: this node's lease, which every leadership it takes serves under.
+    lease: Option<Arc<cairn_controller::NodeLease>>,
     pub table_version: AtomicU64,
     /// Every processor this node started, whichever slot state it got to: a bring-up, reconcile
     /// or restore cut short by shutdown leaves one that no slot holds, and shutdown waits for it
@@ -297,6 +299,7 @@ pub(crate) struct PartitionsConfig {
     pub metrics: Arc<Metrics>,
     pub staging_root: std::path::PathBuf,
     pub cluster: bool,
+    pub lease: Option<Arc<cairn_controller::NodeLease>>,
 }
 
 impl Partitions {
@@ -344,6 +347,7 @@ impl Partitions {
             metrics: config.metrics,
             staging_root: config.staging_root,
             cluster: config.cluster,
+            lease: config.lease,
             table_version: AtomicU64::new(0),
             started: Arc::default(),
         })
@@ -403,25 +407,12 @@ impl Partitions {
         }
     }
 
-    /// Brings what this node runs in line with the partition table (in a cluster): it leads
-    /// the partitions placed on it as leader, follows those it follows (tailing and applying
-    /// their logs, ready to take over) and stops the others. A partition that cannot start stays
-    /// down with the reason and is tried again at the next reconcile.
-    pub async fn reconcile(&self, table: &PartitionTable) {
-        let permits = tokio::sync::Semaphore::new(BRING_UP_CONCURRENCY);
-        let permits = &permits;
-        futures::future::join_all(self.slots.iter().map(|slot| async move {
-            let _permit = permits
-                .acquire()
-                .await
-                .expect("the semaphore is never closed");
-            self.reconcile_one(slot, crate::cluster::role(table, slot.id, &self.node))
-                .await
-        }))
-        .await;
-    }
-
-    async fn reconcile_one(&self, slot: &Slot, role: Role) {
+    /// Brings what this node runs of `slot`'s partition in line with `role`, its role in the
+    /// partition table (in a cluster): it leads the partition if placed on it as leader, follows
+    /// it (tailing and applying its log, ready to take over) if placed as follower, and stops it
+    /// otherwise. A partition that cannot start stays down with the reason and is tried again at
+    /// the next call.
+    pub async fn reconcile_one(&self, slot: &Slot, role: Role) {
         let _one_at_a_time = slot.restoring.lock().await;
         let running = match slot.state() {
             // A processor that stopped (its log was trimmed past its store, say) starts again,
@@ -439,12 +430,21 @@ impl Partitions {
         };
         if let Some(partition) = running {
             match role {
-                Role::Leader if partition.leads() => return,
-                Role::Follower if !partition.leads() => return,
+                Role::Leader if partition.holds_leadership() => return,
+                Role::Follower if !partition.holds_leadership() => return,
                 Role::Leader => {
-                    // A follower the controller made leader.
+                    // A follower the controller made leader, or a leadership this node gave up
+                    // (it was judged dead meanwhile): taken at a new epoch.
+                    let started = Instant::now();
                     match self.lead(&partition).await {
-                        Ok(()) => info!(partition = %slot.id, "this node now leads it"),
+                        Ok(()) => {
+                            self.metrics.record_takeover(started.elapsed());
+                            info!(
+                                partition = %slot.id,
+                                took_ms = started.elapsed().as_millis() as u64,
+                                "this node now leads it"
+                            );
+                        }
                         Err(err) => warn!(partition = %slot.id, "cannot lead it: {err}"),
                     }
                     return;
@@ -565,7 +565,7 @@ impl Partitions {
                 "the log is trimmed past what the store holds: restoring from a snapshot"
             );
         }
-        if gap || self.policy == RestorePolicy::OnInit {
+        if gap || self.policy.restores_on_init(self.cluster) {
             match self.restore_store(slot, log, None, None).await {
                 Ok(_) => {
                     return self
@@ -672,6 +672,11 @@ impl Partitions {
             .leader
             .map(|l| l.epoch)
             .unwrap_or_default();
+        // Granted before the table names this epoch: if this node is judged dead in between,
+        // the grant is already given up and the leadership never serves.
+        let lease = self.lease.as_ref().map(|lease| {
+            Arc::new(crate::cluster::Lease(lease.grant())) as Arc<dyn cairn_worker::LeaderLease>
+        });
         let epoch = take_leadership(
             self.metadata.as_ref(),
             &self.node,
@@ -687,7 +692,11 @@ impl Partitions {
         .map_err(NotLeading::Record)?;
         let started = Instant::now();
         let from = partition.applied_lsn();
-        if let Err(err) = partition.become_leader(epoch).await {
+        let led = match lease {
+            Some(lease) => partition.become_leader_under(epoch, lease).await,
+            None => partition.become_leader(epoch).await,
+        };
+        if let Err(err) = led {
             error!(partition = %partition.id(), "partition is not serving: {err}");
             return Err(NotLeading::Worker(err));
         }
@@ -985,40 +994,36 @@ async fn take_leadership(
     seen: Epoch,
     cluster: bool,
 ) -> anyhow::Result<(u64, Epoch)> {
-    loop {
-        let (version, mut table) =
-            match get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "partition table")
-                .await?
-            {
-                Some((version, table)) => (Some(version), table),
-                None => (None, PartitionTable::default()),
-            };
-        let placement = table
-            .partitions
-            .entry(partition)
-            .or_insert(PartitionPlacement {
-                leader: None,
-                epoch: Default::default(),
-                followers: Vec::new(),
-            });
-        if cluster && placement.leader.as_ref() != Some(node) {
-            anyhow::bail!(
-                "the controller placed its leadership on {}",
-                placement
-                    .leader
-                    .as_ref()
-                    .map_or("no node yet".to_string(), |n| format!("node {n}"))
-            );
-        }
-        let epoch = Epoch(placement.epoch.max(seen).0 + 1);
-        placement.epoch = epoch;
-        placement.leader = Some(node.clone());
-        let precondition = version.map_or(Precondition::DoesNotExist, Precondition::MatchesVersion);
-        match put_typed(metadata, PartitionTable::KEY, &table, precondition).await {
-            Ok(version) => return Ok((version, epoch)),
-            // Another partition of this node took its leadership meanwhile: read again.
-            Err(cairn_metadata::Error::PreconditionFailed { .. }) => continue,
-            Err(err) => return Err(err.into()),
-        }
-    }
+    let (taken, version) = update_typed::<PartitionTable, anyhow::Result<Epoch>>(
+        metadata,
+        PartitionTable::KEY,
+        "partition table",
+        |table| {
+            let mut table = table.unwrap_or_default();
+            let placement = table
+                .partitions
+                .entry(partition)
+                .or_insert(PartitionPlacement {
+                    leader: None,
+                    epoch: Default::default(),
+                    followers: Vec::new(),
+                });
+            if cluster && placement.leader.as_ref() != Some(node) {
+                return Change::Keep(Err(anyhow::anyhow!(
+                    "the controller placed its leadership on {}",
+                    placement
+                        .leader
+                        .as_ref()
+                        .map_or("no node yet".to_string(), |n| format!("node {n}"))
+                )));
+            }
+            let epoch = Epoch(placement.epoch.max(seen).0 + 1);
+            placement.epoch = epoch;
+            placement.leader = Some(node.clone());
+            Change::Write(table, Ok(epoch))
+        },
+    )
+    .await?;
+    let epoch = taken?;
+    Ok((version.unwrap_or_default(), epoch))
 }

@@ -26,7 +26,9 @@ use tonic::{Request, Response, Status};
 fn status_of(err: cairn_worker::Error) -> Status {
     use cairn_worker::Error as E;
     match &err {
-        E::NotLeader { .. } | E::Stopped { .. } => Status::unavailable(err.to_string()),
+        E::NotLeader { .. } | E::Stopped { .. } | E::LeaseLapsed { .. } => {
+            Status::unavailable(err.to_string())
+        }
         // Not worth a blind retry: it may have taken effect.
         E::Undecided { .. } => Status::deadline_exceeded(err.to_string()),
         // The record was skipped, so nothing happened: the caller may retry.
@@ -229,10 +231,16 @@ impl KeyValueService {
         if !self.state.config.cluster_mode() {
             return running.map(Target::Local).map_err(status_of);
         }
-        if let Ok(partition) = &running
-            && partition.leads()
-        {
-            return Ok(Target::Local(partition.clone()));
+        if let Ok(partition) = &running {
+            match partition.serving_epoch() {
+                Ok(_) => return Ok(Target::Local(partition.clone())),
+                // Its leader, unable to serve now (its lease ran out): nobody else serves it
+                // either until it renews or the controller moves it.
+                Err(err @ cairn_worker::Error::LeaseLapsed { .. }) => {
+                    return Err(status_of(err));
+                }
+                Err(_) => {}
+            }
         }
         let routes = self.state.routes.current();
         match routes.leader(id) {
@@ -671,6 +679,22 @@ impl AdminService {
         AdminService { state }
     }
 
+    /// The members as this node observes them; refused while the metadata store does not answer
+    /// (what it last saw would not say who is alive now).
+    fn cluster_view(&self) -> Result<cairn_controller::ClusterView, Status> {
+        let Some(view) = &self.state.cluster_view else {
+            return Ok(Default::default());
+        };
+        let view = view.borrow().clone();
+        if !view.store_answers {
+            return Err(Status::unavailable(
+                "this node cannot read the metadata store now (NATS does not answer), so it \
+                 cannot say which nodes are alive; retry shortly, or ask another node",
+            ));
+        }
+        Ok(view)
+    }
+
     fn slot(&self, partition_id: u32) -> Result<&Slot, Status> {
         self.numbered(partition_id, "partition", "partitions")
     }
@@ -890,28 +914,37 @@ impl v1::admin_server::Admin for AdminService {
                 }],
             }));
         }
-        let records = crate::cluster::nodes(self.state.metadata.as_ref())
-            .await
-            .map_err(|e| {
-                Status::unavailable(format!("read the nodes from the metadata store: {e:#}"))
-            })?;
+        let view = self.cluster_view()?;
         let counts = crate::cluster::led_and_followed(&self.state.routes.current().table);
         let now = crate::cluster::now_ms();
-        let nodes = records
+        let nodes = view
+            .nodes
             .into_iter()
-            .map(|record| {
-                let (leads, follows) = counts.get(&record.name).copied().unwrap_or_default();
-                v1::NodeInfo {
-                    alive: crate::cluster::alive(&record, now),
+            .filter_map(|node| {
+                let record = node.record?;
+                let (leads, follows) = counts.get(&node.name).copied().unwrap_or_default();
+                let ago = node.last_seen_ago.unwrap_or_default().as_millis() as u64;
+                let state = match node.condition {
+                    cairn_controller::NodeCondition::Silent => "silent",
+                    _ => record.state.as_str(),
+                };
+                Some(v1::NodeInfo {
+                    alive: matches!(
+                        node.condition,
+                        cairn_controller::NodeCondition::Serving
+                            | cairn_controller::NodeCondition::Starting
+                    ),
                     name: record.name.0,
                     address: record.address,
-                    last_seen_ms: record.heartbeat_ms,
+                    last_seen_ms: now.saturating_sub(ago),
                     leads: leads as u32,
                     follows: follows as u32,
                     generation: record.generation,
                     started_at_ms: record.started_at_ms,
                     version: record.version,
-                }
+                    state: state.into(),
+                    last_seen_ago_ms: ago,
+                })
             })
             .collect();
         Ok(Response::new(v1::ListNodesResponse { nodes }))
@@ -921,11 +954,28 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         _request: Request<v1::DescribeClusterRequest>,
     ) -> Result<Response<v1::DescribeClusterResponse>, Status> {
+        let (controller, controller_term, node_timeout_ms) = match &self.state.cluster_view {
+            Some(view) => {
+                let controller = view.borrow().controller.clone();
+                let (holder, term) = controller
+                    .map(|(holder, term)| (holder.0, term))
+                    .unwrap_or_default();
+                (
+                    holder,
+                    term,
+                    self.state.config.cluster.node_timeout.as_millis() as u64,
+                )
+            }
+            None => (String::new(), 0, 0),
+        };
         Ok(Response::new(v1::DescribeClusterResponse {
             cluster_name: self.state.cluster.cluster_name.clone(),
             node_name: self.state.node.0.clone(),
             num_partitions: u32::from(self.state.num_partitions()),
             partition_table_version: self.state.partitions.table_version.load(Ordering::Relaxed),
+            controller,
+            controller_term,
+            node_timeout_ms,
         }))
     }
 

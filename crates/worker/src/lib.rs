@@ -43,6 +43,13 @@ pub enum Error {
         partition: PartitionId,
         leader: Option<NodeId>,
     },
+    /// This node leads the partition but may not serve it now: its leader's lease has run out
+    /// (it could not renew it in time) or was given up. Nothing was done.
+    #[error("partition {partition}: this node may not serve it now: {reason}")]
+    LeaseLapsed {
+        partition: PartitionId,
+        reason: String,
+    },
     /// The record was appended but skipped: a newer leader had taken over by the time it was
     /// applied. Nothing it asked for happened.
     #[error("partition {partition}: request was fenced by a newer leader epoch {current}")]
@@ -199,6 +206,16 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A leader's right to serve, kept by whoever decides leadership (in a cluster, the node's
+/// heartbeats to the metadata store renew it): the worker only asks it, before every request it
+/// serves as the leader.
+pub trait LeaderLease: Send + Sync + 'static {
+    /// `Ok` while this node may serve as the partition's leader; else why not, in a sentence.
+    fn check(&self) -> std::result::Result<(), String>;
+    /// Whether it can never hold again: the leadership must then be taken anew, at a new epoch.
+    fn revoked(&self) -> bool;
+}
 
 /// Runs `work` (RocksDB or file-system calls) on a blocking thread: on an async thread it would
 /// stall every task that thread runs. A task that panicked or was cancelled by the runtime's

@@ -2,7 +2,7 @@
 
 use crate::append::Appender;
 use crate::processor::{ExportRequest, Outcome, Processor, log_error, store_error};
-use crate::{Clock, Error, Result};
+use crate::{Clock, Error, LeaderLease, Result};
 use bytes::Bytes;
 use cairn_log::{LogState, Loglet};
 use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, StoredValue};
@@ -18,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 type Waiter = oneshot::Sender<Result<Outcome>>;
+
+/// The epoch a leadership was announced at, and the lease it serves under.
+type Led = (Epoch, Option<Arc<dyn LeaderLease>>);
 
 /// State the processor publishes and the request paths read.
 pub(crate) struct Shared {
@@ -131,8 +134,9 @@ pub struct Partition {
     appender: Arc<Appender>,
     clock: Arc<dyn Clock>,
     key_range: KeyRange,
-    /// The epoch this node leads with, once it has announced itself.
-    epoch_led: Mutex<Option<Epoch>>,
+    /// The epoch this node leads with, once it has announced itself, and the lease it serves
+    /// under (none: it serves as long as the epoch is current).
+    epoch_led: Mutex<Option<Led>>,
     next_request_id: AtomicU64,
     /// The latest timestamp this node stamped on a record of the partition.
     last_stamp: AtomicU64,
@@ -250,13 +254,28 @@ impl Partition {
     /// (appending nothing) if the log lost records the store applied, and with
     /// [`Error::TimedOut`] if the processor's applied LSN does not move for [`LEAD_STALL_MAX`].
     pub async fn become_leader(&self, epoch: Epoch) -> Result<()> {
-        self.become_leader_within(epoch, LEAD_STALL_MAX).await
+        self.become_leader_within(epoch, LEAD_STALL_MAX, None).await
+    }
+
+    /// [`Partition::become_leader`], serving only while `lease` holds (see [`LeaderLease`]).
+    pub async fn become_leader_under(
+        &self,
+        epoch: Epoch,
+        lease: Arc<dyn LeaderLease>,
+    ) -> Result<()> {
+        self.become_leader_within(epoch, LEAD_STALL_MAX, Some(lease))
+            .await
     }
 
     /// [`Partition::become_leader`], failing once the applied LSN has not moved for `stall`. A
     /// bound on progress rather than on the whole call, since replaying a long log may take
     /// long while it moves.
-    pub async fn become_leader_within(&self, epoch: Epoch, stall: Duration) -> Result<()> {
+    pub async fn become_leader_within(
+        &self,
+        epoch: Epoch,
+        stall: Duration,
+        lease: Option<Arc<dyn LeaderLease>>,
+    ) -> Result<()> {
         let tail = self
             .log
             .state()
@@ -300,7 +319,7 @@ impl Partition {
                 }
             }
         }
-        *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner()) = Some(epoch);
+        *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner()) = Some((epoch, lease));
         Ok(())
     }
 
@@ -486,25 +505,61 @@ impl Partition {
         self.shared.stopped_reason()
     }
 
-    /// Whether this node leads the partition and serves its requests.
+    /// Whether this node leads the partition and serves its requests now.
     pub fn leads(&self) -> bool {
         self.serving_epoch().is_ok()
     }
 
+    /// Whether this node holds the partition's leadership, served or not: its announced epoch is
+    /// current and its lease was not given up for good. A lapsed lease that may be renewed
+    /// still holds it; a revoked one does not, and the leadership must be taken anew.
+    pub fn holds_leadership(&self) -> bool {
+        let led = self
+            .epoch_led
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let current = self.shared.leader.borrow().clone();
+        match (led, current) {
+            (Some((led, lease)), Some(current)) => {
+                self.shared.stopped_reason().is_none()
+                    && current.epoch == led
+                    && current.node == self.shared.node
+                    && !lease.is_some_and(|lease| lease.revoked())
+            }
+            _ => false,
+        }
+    }
+
     /// The epoch this node serves with, if it is the partition's current leader.
-    pub(crate) fn serving_epoch(&self) -> Result<Epoch> {
+    pub fn serving_epoch(&self) -> Result<Epoch> {
         if let Some(reason) = self.shared.stopped_reason() {
             return Err(Error::Stopped {
                 partition: self.id(),
                 reason,
             });
         }
-        let led = *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner());
+        let led = self
+            .epoch_led
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let current = self.shared.leader.borrow().clone();
         match (led, current) {
-            (Some(led), Some(current))
+            (Some((led, lease)), Some(current))
                 if current.epoch == led && current.node == self.shared.node =>
             {
+                // Checked last, after the epoch: a read that passes it is served from a store
+                // holding every write acknowledged before it began (see ARCHITECTURE.md,
+                // *Linearizable reads*).
+                if let Some(lease) = lease
+                    && let Err(reason) = lease.check()
+                {
+                    return Err(Error::LeaseLapsed {
+                        partition: self.id(),
+                        reason,
+                    });
+                }
                 Ok(led)
             }
             (_, current) => Err(Error::NotLeader {

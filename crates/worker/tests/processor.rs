@@ -1081,7 +1081,7 @@ async fn taking_the_leadership_gives_up_when_the_processor_stops_moving() {
     // The processor's next read hangs; the announcement is appended but never applied.
     let started = std::time::Instant::now();
     let err = partition
-        .become_leader_within(Epoch(2), std::time::Duration::from_millis(300))
+        .become_leader_within(Epoch(2), std::time::Duration::from_millis(300), None)
         .await
         .unwrap_err();
     assert!(started.elapsed() < std::time::Duration::from_secs(10));

@@ -1,0 +1,86 @@
+//! A Cairn cluster's membership and its controller.
+//!
+//! Every node registers itself in the metadata store and rewrites its record every heartbeat
+//! ([`membership`]). Every node watches the others' records and the controller's lease on its
+//! own monotonic clock ([`silence`]): a record that has not changed for the node timeout, while
+//! the store itself answered throughout, belongs to a node that is silent. The node that holds
+//! the controller's lease ([`controller`]) then writes `dead` over the silent node's record,
+//! conditional on the version it saw, and moves what that node led to its followers: the
+//! decisions come from [`plan`], a pure function of the cluster as observed, which the tests
+//! drive without processes. A leader serves only while its own heartbeats keep succeeding
+//! ([`lease`]): its lease runs out on its own clock strictly before any controller may judge it
+//! dead, so a paused or cut-off leader stops answering before anybody else can be made leader.
+//!
+//! # Timing
+//! All of it follows from one setting, the node timeout `T` ([`Timing`]): heartbeats every `T/3`,
+//! a leader's lease of `2T/3` from the moment it sent its last successful heartbeat, observations
+//! every `T/15`. The argument that a deposed leader has stopped before its successor serves
+//! needs only that every clock runs within 20% of real time; it is written out at [`lease`].
+//!
+//! Architecture invariant: this crate knows the metadata store and its records, and nothing of
+//! partitions' logs, stores or gRPC. What a node runs is the node's business; this crate only
+//! says who should run what, and whether this node may still serve as a leader.
+
+pub mod clock;
+pub mod controller;
+pub mod lease;
+pub mod membership;
+pub mod plan;
+pub mod silence;
+
+pub use clock::{BootClock, ManualClock, MonotonicClock};
+pub use controller::{ClusterView, Controller, ControllerEvent, ControllerOptions, NodeView};
+pub use lease::{LeaseGrant, LeaseLapsed, NodeLease};
+pub use membership::{HeartbeatError, Member, RegisterError};
+pub use plan::{Change, NodeCondition, PlacementOptions, Plan, View, plan};
+pub use silence::Silence;
+
+use std::time::Duration;
+
+/// The cluster's timing, all of it derived from the node timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// A node whose record has not changed for this long (on the observer's clock, while the
+    /// metadata store answered) is dead; the controller's lease is taken over after as long.
+    pub node_timeout: Duration,
+}
+
+impl Timing {
+    /// The default node timeout.
+    pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_secs(3);
+
+    pub fn new(node_timeout: Duration) -> Timing {
+        Timing { node_timeout }
+    }
+
+    /// How often a node rewrites its record (and the controller its lease).
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.node_timeout / 3
+    }
+
+    /// How long a leader may serve after it sent its last successful heartbeat. See [`lease`]
+    /// for why two thirds of the node timeout.
+    pub fn leader_lease(&self) -> Duration {
+        self.node_timeout * 2 / 3
+    }
+
+    /// How often every node reads the others' records and the controller's lease.
+    pub fn observe_interval(&self) -> Duration {
+        self.node_timeout / 15
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing::new(Timing::DEFAULT_NODE_TIMEOUT)
+    }
+}
+
+/// Milliseconds since the Unix epoch, by this machine's wall clock: shown to operators, never
+/// compared between machines to decide anything.
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
