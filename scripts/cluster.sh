@@ -10,12 +10,18 @@
 #   scripts/cluster.sh start [DIR]    installs what is missing, builds, starts, prints addresses
 #   scripts/cluster.sh stop [DIR]     stops the nodes, then NATS and moto (data is kept)
 #   scripts/cluster.sh status [DIR]   what runs
+#   scripts/cluster.sh kill NODE [DIR]     SIGKILLs node NODE (n1, n2 or n3), to watch a failover
+#   scripts/cluster.sh restart NODE [DIR]  starts NODE again (after a kill or a stop of it)
 #
 # A second `start` on the same folder starts the same cluster again, with its data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command="${1:-}"
-dir="$(realpath -m "${2:-./cairn-cluster}")"
+case "$command" in
+  kill|restart) node="${2:-}"; dir_arg="${3:-}" ;;
+  *) node=""; dir_arg="${2:-}" ;;
+esac
+dir="$(realpath -m "${dir_arg:-./cairn-cluster}")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/cairn-target}"
 bin="$CARGO_TARGET_DIR/release"
 
@@ -44,14 +50,19 @@ start() {
   export PATH="$HOME/.cargo/bin:$PATH"
   cargo build --release --bins
   mkdir -p "$dir"
-  if ! status | grep -q running; then
-    for port in "${nats_ports[@]}" "${route_ports[@]}" "${grpc_ports[@]}" "${metrics_ports[@]}" "${resp_ports[@]}" $moto_port; do
-      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        echo "cluster.sh: 127.0.0.1:$port is in use by another program; stop it first" >&2
-        exit 1
-      fi
-    done
-  fi
+  # Only what is stopped is started, so only its ports must be free.
+  local ports=()
+  for i in 0 1 2; do
+    running "$dir/nats$i.pid" || ports+=("${nats_ports[$i]}" "${route_ports[$i]}")
+    running "$dir/n$((i + 1)).pid" || ports+=("${grpc_ports[$i]}" "${metrics_ports[$i]}" "${resp_ports[$i]}")
+  done
+  running "$dir/moto.pid" || ports+=($moto_port)
+  for port in "${ports[@]}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "cluster.sh: 127.0.0.1:$port is in use by another program; stop it first" >&2
+      exit 1
+    fi
+  done
 
   local routes
   routes=$(printf 'nats://127.0.0.1:%s,' "${route_ports[@]}")
@@ -163,9 +174,56 @@ status() {
   done
 }
 
+# The index (0, 1, 2) of node n1, n2 or n3.
+node_index() {
+  case "$1" in
+    n1) echo 0 ;; n2) echo 1 ;; n3) echo 2 ;;
+    *) echo "cluster.sh: no node $1; the nodes are n1, n2 and n3" >&2; exit 2 ;;
+  esac
+}
+
+kill_node() {
+  node_index "$node" >/dev/null
+  local pid="$dir/$node.pid"
+  if ! running "$pid"; then
+    echo "cluster.sh: $node is not running" >&2
+    exit 1
+  fi
+  kill -KILL "$(cat "$pid")"
+  rm -f "$pid"
+  echo "cluster.sh: $node killed (SIGKILL); after the node timeout (3 s) its partitions move to their followers:"
+  echo "  $bin/cairnctl --address 127.0.0.1:${grpc_ports[0]} partitions list"
+  echo "  $bin/cairnctl --address 127.0.0.1:${grpc_ports[0]} nodes list"
+  echo "start it again with: scripts/cluster.sh restart $node $dir"
+}
+
+restart_node() {
+  local i
+  i=$(node_index "$node")
+  local pid="$dir/$node.pid"
+  if running "$pid"; then
+    echo "cluster.sh: $node is running already" >&2
+    exit 1
+  fi
+  if (exec 3<>"/dev/tcp/127.0.0.1/${grpc_ports[$i]}") 2>/dev/null; then
+    echo "cluster.sh: 127.0.0.1:${grpc_ports[$i]} is in use by another program; stop it first" >&2
+    exit 1
+  fi
+  export AWS_ACCESS_KEY_ID=cairn AWS_SECRET_ACCESS_KEY=cairn AWS_REGION=us-east-1
+  CAIRN_METRICS__BIND_ADDRESS="127.0.0.1:${metrics_ports[$i]}" \
+  CAIRN_RESP__BIND_ADDRESS="127.0.0.1:${resp_ports[$i]}" \
+    "$bin/cairn" --config "$dir/cairn.toml" --node-name "$node" --base-dir "$dir/$node" \
+    --bind-address "127.0.0.1:${grpc_ports[$i]}" >>"$dir/$node.log" 2>&1 &
+  echo $! >"$pid"
+  wait_for_port "${grpc_ports[$i]}" "cairn $node" "$dir/$node.log"
+  echo "cluster.sh: $node runs again; it rejoins and follows what the placement gives it"
+}
+
 case "$command" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: scripts/cluster.sh start|stop|status [DIR]" >&2; exit 2 ;;
+  kill) kill_node ;;
+  restart) restart_node ;;
+  *) echo "usage: scripts/cluster.sh start|stop|status [DIR], or kill|restart n1|n2|n3 [DIR]" >&2; exit 2 ;;
 esac

@@ -53,15 +53,18 @@ pub struct GlobalOptions {
     /// partition restore answer at once and then stream progress for as long as they take
     #[arg(long, default_value_t = 13000, global = true)]
     pub request_timeout: u64,
-    /// Node address host:port (e.g. http://localhost:5122/)
+    /// Node address host:port (e.g. http://localhost:5122/). Give several (repeated, or
+    /// separated by commas) to use the first that answers: any node of a cluster answers for
+    /// all of it
     #[arg(
         long,
         visible_alias = "cluster-controller",
         env = "CAIRNCTL_ADDRESS",
         default_value = "http://localhost:5122/",
+        value_delimiter = ',',
         global = true
     )]
-    pub address: String,
+    pub address: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -317,7 +320,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.global.table_style, TableStyle::Borders);
-        assert_eq!(cli.global.address, "http://localhost:9/");
+        assert_eq!(cli.global.address, vec!["http://localhost:9/".to_string()]);
         assert!(cli.global.yes);
     }
 }

@@ -310,7 +310,18 @@ async fn connect(global: &GlobalOptions) -> anyhow::Result<Client> {
         connect_timeout: Duration::from_millis(global.connect_timeout),
         request_timeout: Duration::from_millis(global.request_timeout),
     };
-    Ok(Client::connect(&global.address, &options).await?)
+    // The first node that answers: any node of a cluster answers for all of it.
+    let mut last = None;
+    for address in &global.address {
+        match Client::connect(address, &options).await {
+            Ok(client) => return Ok(client),
+            Err(err) => last = Some(err),
+        }
+    }
+    match last {
+        Some(err) => Err(err.into()),
+        None => anyhow::bail!("no node address given; give --address host:port"),
+    }
 }
 
 fn keys(keys: Vec<String>) -> Vec<Bytes> {

@@ -18,10 +18,10 @@ mod routing;
 mod transport;
 
 pub use cairn_api::v1;
-pub use routing::{ATTEMPTS, RoutingClient};
+pub use routing::{RETRY_FOR, RoutingClient, RoutingOptions};
 pub use tonic::Code;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("{address} is not a valid node address: {detail}")]
     BadAddress { address: String, detail: String },
@@ -31,6 +31,24 @@ pub enum Error {
     Rpc {
         address: String,
         status: tonic::Status,
+    },
+    /// Some keys of the request took effect and some did not: the node answered per key because
+    /// the request's partitions fared differently. `failures` lists the others, by position in
+    /// the request, with the status of each group.
+    #[error(
+        "{address}: {} of the request's {keys} keys did not take effect as asked ({}); the \
+         others did",
+        failures.iter().map(|(indices, _)| indices.len()).sum::<usize>(),
+        failures
+            .iter()
+            .map(|(indices, status)| format!("{} keys: {:?}: {}", indices.len(), status.code(), status.message()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )]
+    Partial {
+        address: String,
+        keys: usize,
+        failures: Vec<(Vec<usize>, tonic::Status)>,
     },
     /// The protocol carries TTLs as 64-bit milliseconds; the request was not sent.
     #[error(
@@ -49,7 +67,42 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether nothing of the request was done, so that sending it again is safe and may
+    /// succeed: the node refused it (`UNAVAILABLE`: the partition's leadership is changing, or
+    /// its leader cannot be reached), its record was fenced (`ABORTED`), or it was never sent
+    /// (no connection could be made).
+    pub fn nothing_done(&self) -> bool {
+        match self {
+            Error::Rpc { status, .. } => {
+                matches!(status.code(), Code::Unavailable | Code::Aborted)
+            }
+            Error::Connect { .. } => true,
+            Error::BadAddress { .. } | Error::TtlOutOfRange { .. } | Error::Partial { .. } => false,
+        }
+    }
+
+    /// Whether the request may or may not have taken effect: it was sent and then no answer
+    /// came (a timeout, a connection lost), or the node says it wrote it to the log but could
+    /// not tell whether it was applied (`DEADLINE_EXCEEDED`). Read the keys to know; sending it
+    /// again is not the same request (an insert-if-absent sent again would answer for the
+    /// first one's insert).
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Rpc { status, .. } => {
+                matches!(status.code(), Code::DeadlineExceeded | Code::Unknown)
+            }
+            Error::Partial { failures, .. } => failures
+                .iter()
+                .any(|(_, status)| matches!(status.code(), Code::DeadlineExceeded | Code::Unknown)),
+            _ => false,
+        }
+    }
 }
+
+/// Per key, in request order: its answer, or its partition's failure (a node answers per key
+/// when a request's partitions fared differently).
+pub type PerKey<T> = Vec<Result<T>>;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -157,7 +210,17 @@ impl Client {
         }
     }
 
+    /// Stores every entry. `Err(Error::Partial)` when some took effect and some did not (see
+    /// [`Client::put_each`]).
     pub async fn put(&self, entries: Vec<PutEntry>) -> Result<()> {
+        let keys = entries.len();
+        self.all_or_partial(keys, self.put_each(entries).await?)
+            .map(|_| ())
+    }
+
+    /// [`Client::put`], answered per key.
+    pub async fn put_each(&self, entries: Vec<PutEntry>) -> Result<PerKey<()>> {
+        let count = entries.len();
         let request = v1::PutRequest {
             entries: entries
                 .into_iter()
@@ -170,12 +233,57 @@ impl Client {
                 })
                 .collect::<Result<_>>()?,
         };
-        self.kv
+        let response = self
+            .kv
             .clone()
             .put(self.kv_request(request))
             .await
-            .map_err(|s| self.rpc(s))?;
-        Ok(())
+            .map_err(|s| self.rpc(s))?
+            .into_inner();
+        Ok(self.per_key(vec![(); count], response.failures))
+    }
+
+    /// Answers of a call whose `failures` the node listed per key.
+    fn per_key<T>(&self, values: Vec<T>, failures: Vec<v1::ShareFailure>) -> PerKey<T> {
+        let mut answers: Vec<Result<T>> = values.into_iter().map(Ok).collect();
+        for failure in failures {
+            let status = tonic::Status::new(Code::from_i32(failure.code), failure.message);
+            for index in failure.indices {
+                if let Some(answer) = answers.get_mut(index as usize) {
+                    *answer = Err(self.rpc(status.clone()));
+                }
+            }
+        }
+        answers
+    }
+
+    /// Per-key answers as one: all of them, or [`Error::Partial`] naming those that failed.
+    fn all_or_partial<T>(&self, keys: usize, answers: PerKey<T>) -> Result<Vec<T>> {
+        let mut values = Vec::with_capacity(answers.len());
+        let mut failures: Vec<(Vec<usize>, tonic::Status)> = Vec::new();
+        for (index, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(value) => values.push(value),
+                Err(Error::Rpc { status, .. }) => {
+                    match failures
+                        .iter_mut()
+                        .find(|(_, s)| s.code() == status.code() && s.message() == status.message())
+                    {
+                        Some((indices, _)) => indices.push(index),
+                        None => failures.push((vec![index], status)),
+                    }
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if failures.is_empty() {
+            return Ok(values);
+        }
+        Err(Error::Partial {
+            address: self.address.clone(),
+            keys,
+            failures,
+        })
     }
 
     /// Values in the order of `keys`; `None` for absent or expired keys.
@@ -218,6 +326,17 @@ impl Client {
         ops: Vec<v1::WriteOp>,
         all_or_nothing: bool,
     ) -> Result<Vec<v1::WriteResult>> {
+        let count = ops.len();
+        let answers = self.write_each(ops, all_or_nothing).await?;
+        self.all_or_partial(count, answers)
+    }
+
+    /// [`Client::write`], answered per operation.
+    pub async fn write_each(
+        &self,
+        ops: Vec<v1::WriteOp>,
+        all_or_nothing: bool,
+    ) -> Result<PerKey<v1::WriteResult>> {
         let response = self
             .kv
             .clone()
@@ -226,17 +345,28 @@ impl Client {
                 all_or_nothing,
             }))
             .await
-            .map_err(|s| self.rpc(s))?;
-        Ok(response.into_inner().results)
+            .map_err(|s| self.rpc(s))?
+            .into_inner();
+        Ok(self.per_key(response.results, response.failures))
     }
 
     pub async fn delete(&self, keys: Vec<Bytes>) -> Result<()> {
-        self.kv
+        let count = keys.len();
+        let answers = self.delete_each(keys).await?;
+        self.all_or_partial(count, answers).map(|_| ())
+    }
+
+    /// [`Client::delete`], answered per key.
+    pub async fn delete_each(&self, keys: Vec<Bytes>) -> Result<PerKey<()>> {
+        let count = keys.len();
+        let response = self
+            .kv
             .clone()
             .delete(self.kv_request(v1::DeleteRequest { keys }))
             .await
-            .map_err(|s| self.rpc(s))?;
-        Ok(())
+            .map_err(|s| self.rpc(s))?
+            .into_inner();
+        Ok(self.per_key(vec![(); count], response.failures))
     }
 
     pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
@@ -256,7 +386,9 @@ impl Client {
         value: Bytes,
         ttl: Option<Duration>,
     ) -> Result<Vec<bool>> {
-        Ok(self.send_insert(keys, value, ttl, false).await?.inserted)
+        let count = keys.len();
+        let answers = self.insert_if_absent_each(keys, value, ttl).await?;
+        self.all_or_partial(count, answers)
     }
 
     async fn send_insert(
@@ -280,10 +412,9 @@ impl Client {
         Ok(response.into_inner())
     }
 
-    /// [`Client::insert_if_absent`] whose keys of partitions that refused them before doing
-    /// anything (`UNAVAILABLE`) are answered apart instead of failing the whole call: per key,
-    /// whether this call inserted it, or the refusal.
-    pub(crate) async fn insert_if_absent_partial(
+    /// [`Client::insert_if_absent`], answered per key: whether this call inserted it, or why
+    /// its partition failed.
+    pub async fn insert_if_absent_each(
         &self,
         keys: Vec<Bytes>,
         value: Bytes,
@@ -297,7 +428,7 @@ impl Client {
                 response.inserted.len()
             ))));
         }
-        let mut answers: Vec<Result<bool>> = response.inserted.into_iter().map(Ok).collect();
+        let mut answers = self.per_key(response.inserted, response.failures);
         for index in response.refused {
             if let Some(answer) = answers.get_mut(index as usize) {
                 *answer =

@@ -139,27 +139,53 @@ impl Connection {
         message: Bytes,
     ) -> Result<http::Response<ResponseBody>, tonic::Status> {
         let (number, sender) = self.sender().await?;
-        let sent = async {
+        // Until the request is handed to the connection, a failure means it was never sent: the
+        // caller may send it again. After, the node may have taken it, unless it refused the
+        // stream (which HTTP/2 guarantees it did not process).
+        let handed = async {
             let mut ready = sender.ready().await?;
             let (response, mut stream) = ready.send_request(request, message.is_empty())?;
             if !message.is_empty() {
                 // Queued with the HEADERS frame; h2 sends it as the window allows.
                 stream.send_data(message, true)?;
             }
-            response.await
+            Ok::<_, h2::Error>(response)
         };
-        match sent.await {
+        let failed = |err: h2::Error, sent: bool| {
+            // A stream's own reset leaves the connection usable; anything else ends it.
+            if err.reason().is_none() || err.is_go_away() {
+                self.forget(number);
+            }
+            let refused = err.reason() == Some(h2::Reason::REFUSED_STREAM);
+            if !sent || refused {
+                tonic::Status::unavailable(format!(
+                    "the connection to {} failed before the request was taken ({}); nothing was \
+                     done",
+                    self.shared.authority,
+                    crate::error_chain(&err)
+                ))
+            } else if err.reason().is_some() && !err.is_go_away() && !err.is_io() {
+                // The node reset the stream with a reason of its own: its answer.
+                tonic::Status::from(err)
+            } else {
+                tonic::Status::unknown(format!(
+                    "the connection to {} failed after the request was sent ({}), so it may or \
+                     may not have taken effect; read the keys to know",
+                    self.shared.authority,
+                    crate::error_chain(&err)
+                ))
+            }
+        };
+        let response = match handed.await {
+            Ok(response) => response,
+            Err(err) => return Err(failed(err, false)),
+        };
+        match response.await {
             Ok(response) => Ok(response.map(|recv| ResponseBody {
                 recv,
                 data_done: false,
             })),
-            Err(err) => {
-                // A stream's own reset leaves the connection usable; anything else ends it.
-                if err.reason().is_none() || err.is_go_away() {
-                    self.forget(number);
-                }
-                Err(tonic::Status::from(err))
-            }
+            Err(err) => Err(failed(err, true)),
         }
     }
 }

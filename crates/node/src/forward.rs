@@ -112,10 +112,11 @@ impl Routes {
 
     pub async fn put(&self, address: &str, entries: Vec<v1::Entry>) -> Result<(), Status> {
         let mut kv = self.peer(address)?.kv;
-        kv.put(mark(v1::PutRequest { entries }))
+        let answer = kv
+            .put(mark(v1::PutRequest { entries }))
             .await
-            .map_err(|s| from(address, s))?;
-        Ok(())
+            .map_err(|s| from(address, s, Call::Write))?;
+        whole(address, &answer.into_inner().failures)
     }
 
     /// The values of `keys`, with their expiries if `with_expiry`.
@@ -129,7 +130,7 @@ impl Routes {
         let answer = kv
             .get(mark(v1::GetRequest { keys, with_expiry }))
             .await
-            .map_err(|s| from(address, s))?;
+            .map_err(|s| from(address, s, Call::Read))?;
         Ok(answer
             .into_inner()
             .values
@@ -152,8 +153,10 @@ impl Routes {
         let answer = kv
             .write(mark(request))
             .await
-            .map_err(|s| from(address, s))?;
-        Ok(answer.into_inner().results)
+            .map_err(|s| from(address, s, Call::Write))?
+            .into_inner();
+        whole(address, &answer.failures)?;
+        Ok(answer.results)
     }
 
     pub async fn exists(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<bool>, Status> {
@@ -161,16 +164,17 @@ impl Routes {
         let answer = kv
             .exists(mark(v1::ExistsRequest { keys }))
             .await
-            .map_err(|s| from(address, s))?;
+            .map_err(|s| from(address, s, Call::Read))?;
         Ok(answer.into_inner().exists)
     }
 
     pub async fn delete(&self, address: &str, keys: Vec<Bytes>) -> Result<(), Status> {
         let mut kv = self.peer(address)?.kv;
-        kv.delete(mark(v1::DeleteRequest { keys }))
+        let answer = kv
+            .delete(mark(v1::DeleteRequest { keys }))
             .await
-            .map_err(|s| from(address, s))?;
-        Ok(())
+            .map_err(|s| from(address, s, Call::Write))?;
+        whole(address, &answer.into_inner().failures)
     }
 
     pub async fn insert_if_absent(
@@ -182,8 +186,10 @@ impl Routes {
         let answer = kv
             .insert_if_absent(mark(request))
             .await
-            .map_err(|s| from(address, s))?;
-        Ok(answer.into_inner().inserted)
+            .map_err(|s| from(address, s, Call::Write))?
+            .into_inner();
+        whole(address, &answer.failures)?;
+        Ok(answer.inserted)
     }
 
     /// An admin client of the node at `address`, whose calls say they were forwarded.
@@ -201,12 +207,48 @@ pub fn mark<T>(message: T) -> Request<T> {
     request
 }
 
-/// A status from the node at `address`, kept as it is but saying where it came from.
-fn from(address: &str, status: Status) -> Status {
-    Status::new(
-        status.code(),
-        format!("(forwarded to {address}) {}", status.message()),
-    )
+/// A status of a call forwarded to the node at `address`, saying where it came from. A status
+/// that node answered is kept as it is. One this node's own connection made up (the node could
+/// not be reached, or the connection failed, or the call timed out) says nothing was done only
+/// when nothing was sent (the connection could not be made) or the call was a read; otherwise
+/// the call may have been taken, and its outcome is unknown.
+fn from(address: &str, status: Status, call: Call) -> Status {
+    // A node's answer carries its response headers; a status made up here has none.
+    let answered = status.metadata().get("content-type").is_some();
+    let message = format!("(forwarded to {address}) {}", status.message());
+    if answered {
+        return Status::new(status.code(), message);
+    }
+    let not_sent = status.code() == tonic::Code::Unavailable
+        && (status.message().contains("connect")
+            || status.message().contains("Connection refused"));
+    match call {
+        Call::Read => Status::unavailable(message),
+        Call::Write if not_sent => Status::unavailable(message),
+        Call::Write => Status::unknown(format!(
+            "{message}: the connection to the partition's leader failed after the request was \
+             sent, so it may or may not have taken effect; read the keys to know"
+        )),
+    }
+}
+
+/// A forwarded share is one partition's, which fares as a whole: a failure the leader answered
+/// per key is the share's.
+fn whole(address: &str, failures: &[v1::ShareFailure]) -> Result<(), Status> {
+    match failures.first() {
+        None => Ok(()),
+        Some(failure) => Err(Status::new(
+            tonic::Code::from_i32(failure.code),
+            format!("(forwarded to {address}) {}", failure.message),
+        )),
+    }
+}
+
+/// What a forwarded call does, for what its failure means.
+#[derive(Clone, Copy)]
+enum Call {
+    Read,
+    Write,
 }
 
 /// A conditional operation as a forwarded call carries it.

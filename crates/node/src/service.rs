@@ -23,6 +23,71 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tonic::{Request, Response, Status};
 
+/// How long a node keeps sending again a share of a request it took from a client that was
+/// refused with nothing done (the partition's leadership is changing): long enough to cover a
+/// failover (about the node timeout), and shorter than a client's request timeout (13 s).
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+/// The pause before the first retry; it doubles up to [`RETRY_PAUSE_MAX`].
+const RETRY_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Whether a failure with `code` says that nothing of the request was done, so that sending it
+/// again is safe: refused (`UNAVAILABLE`: not the leader now, or the log refused the append),
+/// or fenced (`ABORTED`: the record was skipped).
+pub(crate) fn nothing_done(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unavailable | tonic::Code::Aborted)
+}
+
+/// Whether a failure with `code` leaves the outcome unknown: the request may have taken effect.
+pub(crate) fn outcome_unknown(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::DeadlineExceeded | tonic::Code::Unknown)
+}
+
+/// A call's per-key answers as its response: the answers of the keys that took effect, and the
+/// others' failures grouped by what happened (same code and message). The whole call fails only
+/// when nothing was done (every key refused) or nothing is known (every key's outcome unknown);
+/// then with the first key's failure. A key that failed answers `T::default()` in the response.
+fn per_key<T: Default>(
+    answers: Vec<Result<T, Status>>,
+) -> Result<(Vec<T>, Vec<v1::ShareFailure>), Status> {
+    let failed = answers.iter().filter(|a| a.is_err()).count();
+    if failed == answers.len() && failed > 0 {
+        let all_unknown = answers
+            .iter()
+            .all(|a| a.as_ref().is_err_and(|s| outcome_unknown(s.code())));
+        let none_unknown = !answers
+            .iter()
+            .any(|a| a.as_ref().is_err_and(|s| outcome_unknown(s.code())));
+        if all_unknown || none_unknown {
+            let first = answers.into_iter().find_map(Result::err);
+            return Err(first.unwrap_or_else(|| Status::internal("no answer")));
+        }
+    }
+    let mut values = Vec::with_capacity(answers.len());
+    let mut failures: Vec<v1::ShareFailure> = Vec::new();
+    for (index, answer) in answers.into_iter().enumerate() {
+        match answer {
+            Ok(value) => values.push(value),
+            Err(status) => {
+                values.push(T::default());
+                let code = status.code() as i32;
+                match failures
+                    .iter_mut()
+                    .find(|f| f.code == code && f.message == status.message())
+                {
+                    Some(failure) => failure.indices.push(index as u32),
+                    None => failures.push(v1::ShareFailure {
+                        indices: vec![index as u32],
+                        code,
+                        message: status.message().to_string(),
+                    }),
+                }
+            }
+        }
+    }
+    Ok((values, failures))
+}
+
 fn status_of(err: cairn_worker::Error) -> Status {
     use cairn_worker::Error as E;
     match &err {
@@ -89,27 +154,31 @@ fn log_status(source: &cairn_log::Error, message: String) -> Status {
     }
 }
 
-/// An insert-if-absent's answer from each key's: the first error in request order fails the
-/// call, except, with `partial`, refusals (`UNAVAILABLE`: nothing was done), whose keys are
-/// answered apart so that only they are sent again.
+/// An insert-if-absent's answer from each key's, as [`per_key`] gives it; with `partial`, keys
+/// refused with `UNAVAILABLE` (nothing was done) are answered apart in `refused`, so that a
+/// client that routes by itself sends only them again.
 fn insert_answer(
     answers: Vec<Result<bool, Status>>,
     partial: bool,
 ) -> Result<v1::InsertIfAbsentResponse, Status> {
     let mut response = v1::InsertIfAbsentResponse::default();
-    for (index, answer) in answers.into_iter().enumerate() {
-        match answer {
-            Ok(inserted) => response.inserted.push(inserted),
+    let answers = answers
+        .into_iter()
+        .enumerate()
+        .map(|(index, answer)| match answer {
             Err(status) if partial && status.code() == tonic::Code::Unavailable => {
                 if response.refused.is_empty() {
                     response.refused_reason = status.message().to_string();
                 }
                 response.refused.push(index as u32);
-                response.inserted.push(false);
+                Ok(false)
             }
-            Err(status) => return Err(status),
-        }
-    }
+            answer => answer,
+        })
+        .collect();
+    let (inserted, failures) = per_key(answers)?;
+    response.inserted = inserted;
+    response.failures = failures;
     Ok(response)
 }
 
@@ -343,6 +412,32 @@ impl KeyValueService {
         Ok(out)
     }
 
+    /// [`Self::read_within`], read again while it is refused with nothing done (a leadership
+    /// changing), for up to [`RETRY_FOR`]; a read has no effect, so this is always safe. Not for
+    /// a request another node or a routing client sent: they retry themselves.
+    async fn read_riding_through(
+        &self,
+        keys: &[Bytes],
+        answer: Answer,
+        forwarded: bool,
+    ) -> Result<Vec<Option<StoredValue>>, Status> {
+        let mut pause = RETRY_PAUSE_FIRST;
+        let deadline = std::time::Instant::now() + RETRY_FOR;
+        loop {
+            match self.read_within(keys, answer, forwarded).await {
+                Err(status)
+                    if !forwarded
+                        && nothing_done(status.code())
+                        && std::time::Instant::now() + pause < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+                read => return read,
+            }
+        }
+    }
+
     /// Runs `per_partition` on every partition's share of `keys`, concurrently, and puts the
     /// per-key answers back in request order: each key has its partition's answer or error. A
     /// partition that cannot be routed to has an error; the others are still sent.
@@ -357,16 +452,29 @@ impl KeyValueService {
         Fut: Future<Output = Result<Vec<T>, Status>>,
     {
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
-        let calls = groups.into_iter().map(|(pid, indices)| {
-            let call = self
-                .target(pid, forwarded)
-                .map(|target| per_partition(target, indices.clone()));
-            async move {
-                let answers = match call {
-                    Ok(call) => call.await,
+        let per_partition = &per_partition;
+        let calls = groups.into_iter().map(|(pid, indices)| async move {
+            // A share refused with nothing done (its leader is changing, or cannot be reached)
+            // is sent again, routed anew, until the failover is over: unless another node or a
+            // client that routes by itself sent it, which then retries itself.
+            let mut pause = RETRY_PAUSE_FIRST;
+            let deadline = std::time::Instant::now() + RETRY_FOR;
+            loop {
+                let answers = match self.target(pid, forwarded) {
+                    Ok(target) => per_partition(target, indices.clone()).await,
                     Err(status) => Err(status),
                 };
-                (indices, answers)
+                match answers {
+                    Err(status)
+                        if !forwarded
+                            && nothing_done(status.code())
+                            && std::time::Instant::now() + pause < deadline =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                    }
+                    answers => return (indices, answers),
+                }
             }
         });
         // Unordered: a share's answer wakes its own future only. `join_all` polls every share's
@@ -393,26 +501,6 @@ impl KeyValueService {
             .map(|answer| {
                 answer.unwrap_or_else(|| Err(Status::internal("a partition answered too few keys")))
             })
-            .collect()
-    }
-
-    /// [`Self::scatter_each`] for a call that has one answer: every partition is routed before
-    /// any share is sent (a request that cannot be routed whole is refused whole), and the first
-    /// error, in request order, is the answer.
-    async fn scatter<T, F, Fut>(
-        &self,
-        keys: &[Bytes],
-        forwarded: bool,
-        per_partition: F,
-    ) -> Result<Vec<T>, Status>
-    where
-        F: Fn(Target, Vec<usize>) -> Fut,
-        Fut: Future<Output = Result<Vec<T>, Status>>,
-    {
-        self.routable(keys, forwarded)?;
-        self.scatter_each(keys, forwarded, per_partition)
-            .await
-            .into_iter()
             .collect()
     }
 
@@ -542,8 +630,12 @@ impl KeyValueService {
     }
 
     /// Refuses a request whole if any of its partitions cannot be routed to now, before any
-    /// share is sent.
+    /// share is sent: for a request that is not to wait for routes to change (another node or a
+    /// client that routes by itself sent it, and retries itself). The others wait per share.
     fn routable(&self, keys: &[Bytes], forwarded: bool) -> Result<(), Status> {
+        if !forwarded {
+            return Ok(());
+        }
         let groups = group_by_partition(keys.iter().map(|k| &k[..]), self.state.num_partitions());
         for pid in groups.into_keys() {
             self.target(pid, forwarded)?;
@@ -564,10 +656,8 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::entries(&entries)?;
         let keys: Vec<Bytes> = entries.iter().map(|e| e.key.clone()).collect();
         self.routable(&keys, forwarded)?;
-        for answer in self.put_each(&keys, entries, forwarded).await {
-            answer?;
-        }
-        Ok(Response::new(v1::PutResponse {}))
+        let (_, failures) = per_key(self.put_each(&keys, entries, forwarded).await)?;
+        Ok(Response::new(v1::PutResponse { failures }))
     }
 
     async fn get(
@@ -581,7 +671,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
             bytes_max: BATCH_BYTES_MAX,
             with_expiry,
         };
-        let values = self.read_within(&keys, answer, forwarded).await?;
+        let values = self.read_riding_through(&keys, answer, forwarded).await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -605,16 +695,19 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::keys(&keys)?;
         let keys_ref = &keys;
         let routes = &self.state.routes;
-        self.scatter(&keys, forwarded, |target, indices| async move {
-            let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
-            match target {
-                Target::Local(partition) => partition.delete(mine).await.map_err(status_of)?,
-                Target::Remote(address) => routes.delete(&address, mine).await?,
-            }
-            Ok(vec![(); indices.len()])
-        })
-        .await?;
-        Ok(Response::new(v1::DeleteResponse {}))
+        self.routable(&keys, forwarded)?;
+        let answers = self
+            .scatter_each(&keys, forwarded, |target, indices| async move {
+                let mine: Vec<Bytes> = indices.iter().map(|&i| keys_ref[i].clone()).collect();
+                match target {
+                    Target::Local(partition) => partition.delete(mine).await.map_err(status_of)?,
+                    Target::Remote(address) => routes.delete(&address, mine).await?,
+                }
+                Ok(vec![(); indices.len()])
+            })
+            .await;
+        let (_, failures) = per_key(answers)?;
+        Ok(Response::new(v1::DeleteResponse { failures }))
     }
 
     async fn exists(
@@ -626,7 +719,7 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         validate::keys(&keys)?;
         // Only presence is answered, so no bound on the values read.
         let exists = self
-            .read_within(&keys, Answer::Presence, forwarded)
+            .read_riding_through(&keys, Answer::Presence, forwarded)
             .await?
             .into_iter()
             .map(|value| value.is_some())
@@ -661,12 +754,11 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         let ops = validate::write_ops(&request.ops)?;
         let keys: Vec<Bytes> = ops.iter().map(|op| op.key.clone()).collect();
         self.routable(&keys, forwarded)?;
-        let results = self
-            .write_each(ops, request.all_or_nothing, forwarded)
-            .await?
-            .into_iter()
-            .collect::<Result<_, Status>>()?;
-        Ok(Response::new(v1::WriteResponse { results }))
+        let (results, failures) = per_key(
+            self.write_each(ops, request.all_or_nothing, forwarded)
+                .await?,
+        )?;
+        Ok(Response::new(v1::WriteResponse { results, failures }))
     }
 }
 
@@ -1658,23 +1750,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_partial_insert_answers_refused_keys_apart_and_fails_on_anything_else() {
+    fn a_partial_insert_answers_refused_keys_apart_and_the_rest_per_key() {
         let refused = || Err(Status::unavailable("partition 3 is led by n2"));
         let answers = vec![Ok(true), refused(), Ok(false), refused()];
         let response = insert_answer(answers.clone(), true).unwrap();
         assert_eq!(response.inserted, vec![true, false, false, false]);
         assert_eq!(response.refused, vec![1, 3]);
         assert_eq!(response.refused_reason, "partition 3 is led by n2");
-        // Without `partial`, the first error is the answer, as for every other call.
-        let err = insert_answer(answers, false).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unavailable);
-        // An outcome that is not known is never answered as a refusal: the call fails.
+        assert!(response.failures.is_empty());
+        // Without `partial`, the refused keys are failures: the call still says that the others
+        // took effect.
+        let response = insert_answer(answers, false).unwrap();
+        assert_eq!(response.inserted, vec![true, false, false, false]);
+        assert_eq!(response.failures.len(), 1);
+        assert_eq!(response.failures[0].indices, vec![1, 3]);
+        assert_eq!(response.failures[0].code, tonic::Code::Unavailable as i32);
+        // An outcome that is not known is never answered as a refusal.
         let undecided = vec![
             Ok(true),
             refused(),
             Err(Status::deadline_exceeded("undecided")),
         ];
-        let err = insert_answer(undecided, true).unwrap_err();
+        let response = insert_answer(undecided, true).unwrap();
+        assert_eq!(response.refused, vec![1]);
+        assert_eq!(response.failures[0].indices, vec![2]);
+        assert_eq!(
+            response.failures[0].code,
+            tonic::Code::DeadlineExceeded as i32
+        );
+    }
+
+    #[test]
+    fn a_whole_call_fails_only_when_nothing_was_done_or_nothing_is_known() {
+        let refused = |p: u16| Err::<(), _>(Status::unavailable(format!("partition {p}")));
+        let unknown = || Err::<(), _>(Status::deadline_exceeded("undecided"));
+        // Every key refused: nothing done, the first refusal is the answer.
+        let err = per_key(vec![refused(1), refused(2)]).unwrap_err();
+        assert_eq!(err.message(), "partition 1");
+        // Every key's outcome unknown.
+        let err = per_key(vec![unknown(), unknown()]).unwrap_err();
         assert_eq!(err.code(), tonic::Code::DeadlineExceeded);
+        // Refused and unknown together: some of it may have been done, so per key.
+        let (_, failures) = per_key(vec![refused(1), unknown(), refused(1)]).unwrap();
+        assert_eq!(failures.len(), 2);
+        assert_eq!(failures[0].indices, vec![0, 2]);
+        assert_eq!(failures[1].indices, vec![1]);
+        // Some done, one refused: per key.
+        let (_, failures) = per_key(vec![Ok(()), refused(4)]).unwrap();
+        assert_eq!(failures[0].indices, vec![1]);
+        // All done.
+        assert!(per_key(vec![Ok(()), Ok(())]).unwrap().1.is_empty());
     }
 }
