@@ -65,6 +65,23 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// SIGKILL: the server is gone, mid-write, with whatever it had not synced.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the server process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_none()
+    }
+
+    /// Starts the same server again (same port, data and cluster) after [`NatsServer::kill`].
+    pub fn start_again(&mut self) {
+        self.kill();
+        *self = NatsServer::start_with(&self.dir.clone(), self.port, self.args.clone());
+    }
+
     /// SIGTERM, as an operator's restart would, then the same server again.
     pub fn restart(&mut self) {
         let pid = self.child.id().to_string();
@@ -112,6 +129,9 @@ impl NatsCluster {
                     format!("nats://127.0.0.1:{}", route_ports[i]),
                     "--routes".into(),
                     routes.clone(),
+                    // Clients reach only the addresses they are given: a test that puts a
+                    // proxy between a node and the servers must not see it go around.
+                    "--no_advertise".into(),
                 ];
                 let server_dir = dir.join(format!("n{i}"));
                 NatsServer::start_with(&server_dir, client_ports[i], args)

@@ -51,6 +51,8 @@ impl RouteTable {
 
 pub(crate) struct Routes {
     current: RwLock<Arc<RouteTable>>,
+    /// Ticks at every update.
+    changed: tokio::sync::watch::Sender<()>,
     peers: Mutex<HashMap<String, Peer>>,
 }
 
@@ -64,6 +66,7 @@ impl Routes {
     pub fn new() -> Routes {
         Routes {
             current: RwLock::new(Arc::new(RouteTable::default())),
+            changed: tokio::sync::watch::channel(()).0,
             peers: Mutex::new(HashMap::new()),
         }
     }
@@ -84,6 +87,23 @@ impl Routes {
             table,
             addresses: known,
         });
+        self.changed.send_replace(());
+    }
+
+    /// Ends once `partition` is no longer led from `address` by the routes (a failover moved it
+    /// while a call forwarded there was in flight: the old leader, paused or cut off, may never
+    /// answer it).
+    pub async fn moved_away(&self, partition: PartitionId, address: &str) {
+        let mut changed = self.changed.subscribe();
+        loop {
+            match self.current().leader(partition) {
+                Some((_, Some(leader))) if leader == address => {}
+                _ => return,
+            }
+            if changed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// A connection to the node at `address`, made once and kept.

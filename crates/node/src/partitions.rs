@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use cairn_log::Loglet;
 use cairn_metadata::{
     Change, MetadataStore, ObservedPartition, ObservedRole, PartitionPlacement, PartitionTable,
-    update_typed,
+    get_typed, update_typed,
 };
 use cairn_partition_store::{PartitionStore, PartitionStoreManager};
 use cairn_snapshots::SnapshotId;
@@ -660,7 +660,13 @@ impl Partitions {
             started.partitions.push(partition.clone());
             Ok(partition)
         })
-        .await?
+        .await
+        .and_then(|partition| partition)
+        .inspect(|partition| {
+            if self.cluster {
+                partition.set_fence(leadership_fence(self.metadata.clone(), self.node.clone()));
+            }
+        })
     }
 
     /// Makes this node the leader of `partition` at an epoch newer than any seen, and waits until
@@ -987,6 +993,41 @@ impl Loglet for UnopenedLog {
 /// (`seen`) know, so that records of any earlier incarnation are fenced. Returns the table's new
 /// version and the epoch. In a `cluster`, only if the table places the partition's leadership on
 /// this node.
+/// A cluster node's fence on deletions (see [`cairn_worker::LeadershipFence`]): the partition
+/// table, read afresh from the metadata store, must still name this node the leader at the epoch
+/// the deletion acts under. A table that cannot be read fences too.
+fn leadership_fence(
+    metadata: Arc<dyn MetadataStore>,
+    node: NodeId,
+) -> cairn_worker::LeadershipFence {
+    Arc::new(move |partition, epoch| {
+        let (metadata, node) = (metadata.clone(), node.clone());
+        Box::pin(async move {
+            let table =
+                get_typed::<PartitionTable>(&*metadata, PartitionTable::KEY, "partition table")
+                    .await
+                    .map_err(|err| {
+                        cairn_types::Fenced::new(format!(
+                            "the partition table could not be read to confirm the leadership: {err}"
+                        ))
+                    })?;
+            let placement = table.and_then(|(_, table)| table.partitions.get(&partition).cloned());
+            match placement {
+                Some(p) if p.leader.as_ref() == Some(&node) && p.epoch == epoch => Ok(()),
+                Some(p) => Err(cairn_types::Fenced::new(format!(
+                    "node {node} acts at epoch {epoch}, but the partition table names {} at epoch {}",
+                    p.leader
+                        .map_or("no leader".to_string(), |n| format!("node {n}")),
+                    p.epoch
+                ))),
+                None => Err(cairn_types::Fenced::new(
+                    "the partition table does not place the partition",
+                )),
+            }
+        })
+    })
+}
+
 async fn take_leadership(
     metadata: &dyn MetadataStore,
     node: &NodeId,

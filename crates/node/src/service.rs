@@ -88,6 +88,15 @@ fn per_key<T: Default>(
     Ok((values, failures))
 }
 
+/// A write forwarded to `address` whose partition moved to another leader before it answered:
+/// the old leader may have logged it before it lost the leadership, so its outcome is unknown.
+fn moved_in_flight(pid: PartitionId, address: &str) -> Status {
+    Status::deadline_exceeded(format!(
+        "partition {pid}: the outcome is unknown: its leadership moved away from {address} while \
+         the write was there; it may or may not take effect: read the keys to know"
+    ))
+}
+
 fn status_of(err: cairn_worker::Error) -> Status {
     use cairn_worker::Error as E;
     match &err {
@@ -95,7 +104,9 @@ fn status_of(err: cairn_worker::Error) -> Status {
             Status::unavailable(err.to_string())
         }
         // Not worth a blind retry: it may have taken effect.
-        E::Undecided { .. } => Status::deadline_exceeded(err.to_string()),
+        E::Undecided { .. } | E::LapsedInFlight { .. } => {
+            Status::deadline_exceeded(err.to_string())
+        }
         // The record was skipped, so nothing happened: the caller may retry.
         E::Fenced { .. } => Status::aborted(err.to_string()),
         E::TrimRefused { .. } => Status::failed_precondition(err.to_string()),
@@ -360,13 +371,14 @@ impl KeyValueService {
                     shares.push(partition.read_share(share).map_err(status_of)?);
                     indices.push(mine);
                 }
-                Target::Remote(address) => remote.push((address, share, mine)),
+                Target::Remote(address) => remote.push((pid, address, share, mine)),
             }
         }
         let routes = &self.state.routes;
         let remote = futures::future::join_all(remote.into_iter().map(
-            |(address, share, mine)| async move {
-                let values = match answer {
+            |(pid, address, share, mine)| async move {
+                let read = async {
+                    match answer {
                     Answer::Presence => routes.exists(&address, share).await.map(|found| {
                         found
                             .into_iter()
@@ -381,6 +393,13 @@ impl KeyValueService {
                     Answer::Values { with_expiry, .. } => {
                         routes.get(&address, share, with_expiry).await
                     }
+                    }
+                };
+                let values = tokio::select! {
+                    values = read => values,
+                    () = routes.moved_away(pid, &address) => Err(Status::unavailable(format!(
+                        "partition {pid}: its leadership moved away from {address} during the read; retry"
+                    ))),
                 };
                 (values, mine)
             },
@@ -461,6 +480,15 @@ impl KeyValueService {
             let deadline = std::time::Instant::now() + RETRY_FOR;
             loop {
                 let answers = match self.target(pid, forwarded) {
+                    Ok(Target::Remote(address)) => {
+                        let call = per_partition(Target::Remote(address.clone()), indices.clone());
+                        tokio::select! {
+                            answers = call => answers,
+                            () = self.state.routes.moved_away(pid, &address) => {
+                                Err(moved_in_flight(pid, &address))
+                            }
+                        }
+                    }
                     Ok(target) => per_partition(target, indices.clone()).await,
                     Err(status) => Err(status),
                 };

@@ -179,6 +179,18 @@ pub enum Error {
     )]
     LatestChangedDuringGc { partition: PartitionId },
 
+    /// The fence ([`crate::GcFence`]) said, just before a collection would have deleted
+    /// anything, that this node may no longer delete the partition's objects (it no longer leads
+    /// the partition at the epoch it published under): nothing was deleted.
+    #[error(
+        "partition {partition}: snapshot garbage collection stopped before deleting anything: \
+         {source}"
+    )]
+    GcFenced {
+        partition: PartitionId,
+        source: cairn_types::Fenced,
+    },
+
     /// Publish stopped on purpose after `step` because `PublishOptions::stop_after` asked it to:
     /// fault tests use it to stand for a crash at that point.
     #[cfg(feature = "test-util")]

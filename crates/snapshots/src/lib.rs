@@ -29,10 +29,11 @@ pub use metadata::{
     SnapshotFile, SnapshotMetadata,
 };
 pub use repository::{
-    DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcOptions, GcReport, LATEST_JSON_BYTES_MAX,
-    LatestRead, LatestSnapshot, METADATA_JSON_BYTES_MAX, ProgressFn, PublishOptions, PublishReport,
-    RepositoryOptions, RetainedSnapshot, SnapshotListing, SnapshotRepository, SnapshotSummary,
-    UnreadablePartition, VerifyReport, redact_destination, snapshot_folder,
+    DEFAULT_ORPHAN_GRACE, DownloadReport, ExportReport, GcFence, GcOptions, GcReport,
+    LATEST_JSON_BYTES_MAX, LatestRead, LatestSnapshot, METADATA_JSON_BYTES_MAX, ProgressFn,
+    PublishOptions, PublishReport, RepositoryOptions, RetainedSnapshot, SnapshotListing,
+    SnapshotRepository, SnapshotSummary, UnreadablePartition, VerifyReport, redact_destination,
+    snapshot_folder,
 };
 #[cfg(feature = "test-util")]
 pub use repository::{PublishStep, UploadReport};

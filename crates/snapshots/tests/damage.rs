@@ -92,7 +92,7 @@ async fn a_recreated_cluster_counts_only_its_own_snapshots_and_deletes_none_of_t
 
     // The old cluster's snapshot survived both collections (and a sweep) whole, and it still
     // sees its own view.
-    new.sweep_orphans(P, Duration::ZERO).await.unwrap();
+    new.sweep_orphans(P, Duration::ZERO, None).await.unwrap();
     old.verify(theirs.id()).await.unwrap();
     assert_eq!(old.latest(P).await.unwrap().unwrap().archived_lsn, Lsn(301));
 

@@ -203,7 +203,7 @@ async fn an_orphan_is_swept_only_after_its_grace_period(backend: Backend) {
     let orphan_bytes: u64 = orphans.iter().map(|key| before[key]).sum();
 
     // Within the grace period they may be a publish in flight: kept, and reported.
-    let kept = repo.sweep_orphans(P, HOUR).await.unwrap();
+    let kept = repo.sweep_orphans(P, HOUR, None).await.unwrap();
     assert!(kept.deleted_snapshots.is_empty());
     assert_eq!((kept.deleted_objects, kept.deleted_bytes), (0, 0));
     assert_eq!(
@@ -212,7 +212,32 @@ async fn an_orphan_is_swept_only_after_its_grace_period(backend: Backend) {
     );
     assert_eq!(objects(&repo, 1).await, before);
 
-    let swept = repo.sweep_orphans(P, Duration::ZERO).await.unwrap();
+    // A node that no longer leads the partition deletes nothing: the fence is asked last.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    let deposed: cairn_snapshots::GcFence = std::sync::Arc::new(move |partition| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            Err(cairn_types::Fenced::new(format!(
+                "partition {partition} is led by n2 at epoch 9"
+            )))
+        })
+    });
+    let err = repo
+        .sweep_orphans(P, Duration::ZERO, Some(deposed))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, cairn_snapshots::Error::GcFenced { .. }) && err.to_string().contains("n2"),
+        "{err}"
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(objects(&repo, 1).await, before, "nothing deleted");
+    let leading: cairn_snapshots::GcFence = std::sync::Arc::new(|_| Box::pin(async { Ok(()) }));
+    let swept = repo
+        .sweep_orphans(P, Duration::ZERO, Some(leading))
+        .await
+        .unwrap();
     assert_eq!(swept.deleted_snapshots, vec![crashed_late.id()]);
     assert_eq!(
         (swept.deleted_objects, swept.deleted_bytes),
@@ -235,7 +260,7 @@ async fn an_orphan_is_swept_only_after_its_grace_period(backend: Backend) {
     assert_eq!(retained, vec![second.id(), first.id()]);
 
     // A second sweep finds nothing, and the swept publish can be retried from the start.
-    let again = repo.sweep_orphans(P, Duration::ZERO).await.unwrap();
+    let again = repo.sweep_orphans(P, Duration::ZERO, None).await.unwrap();
     assert_eq!((again.deleted_objects, again.kept_young_objects), (0, 0));
     let retried = repo
         .publish(crashed_late.path(), crashed_late.metadata.clone())
@@ -274,6 +299,7 @@ async fn evicted_snapshots_go_at_once_unless_latest_json_retains_them(backend: B
         orphan_grace: HOUR,
         // A caller mistaken about the retained one must not make it go.
         evicted: vec![named(&headless), named(&whole), named(&retained)],
+        fence: None,
     };
     let gc = repo.collect_garbage(P, &options).await.unwrap();
     assert_eq!(gc.deleted_snapshots, vec![whole.id()]);
@@ -305,7 +331,10 @@ async fn nothing_is_deleted_when_a_retained_metadata_json_is_missing(backend: Ba
         .unwrap();
     let before = objects(&repo, 1).await;
 
-    let err = repo.sweep_orphans(P, Duration::ZERO).await.unwrap_err();
+    let err = repo
+        .sweep_orphans(P, Duration::ZERO, None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, Error::MetadataMissing { snapshot_id, .. } if *snapshot_id == first.id()),
         "{err}"
@@ -398,11 +427,11 @@ async fn local_staged_copies_of_an_interrupted_publish_are_swept_after_the_grace
     );
 
     // Young: kept, and counted.
-    let report = repo.sweep_orphans(P, HOUR).await.unwrap();
+    let report = repo.sweep_orphans(P, HOUR, None).await.unwrap();
     assert_eq!(staged_copies(&repo).len(), 1);
     assert!(report.kept_young_bytes >= 64 * 1024 * 1024, "{report:?}");
 
-    let report = repo.sweep_orphans(P, Duration::ZERO).await.unwrap();
+    let report = repo.sweep_orphans(P, Duration::ZERO, None).await.unwrap();
     assert_eq!(staged_copies(&repo), vec![], "{report:?}");
     assert_eq!(report.deleted_bytes, 64 * 1024 * 1024);
 

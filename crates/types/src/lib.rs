@@ -11,3 +11,20 @@ pub mod record;
 
 pub use ids::{Epoch, LogId, Lsn, NodeId, PartitionId};
 pub use keys::{KeyRange, PartitionKey, partition_key};
+
+/// Why a deletion (a log trim, a snapshot garbage collection) was fenced off: this node no longer
+/// leads the partition at the epoch it acts under, by whoever decides leadership.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Fenced {
+    /// What the fence found instead (a newer leader or epoch, or that it could not tell).
+    pub reason: String,
+}
+
+impl Fenced {
+    pub fn new(reason: impl Into<String>) -> Self {
+        Fenced {
+            reason: reason.into(),
+        }
+    }
+}

@@ -50,6 +50,16 @@ pub enum Error {
         partition: PartitionId,
         reason: String,
     },
+    /// The leader's lease ran out while the request's record was being appended: it may or may
+    /// not be in the log, and a later leader decides. Read the keys to know.
+    #[error(
+        "partition {partition}: the request's outcome is unknown: it was being written to the \
+         log when {reason}; a new leader applies it or not: read the keys to know"
+    )]
+    LapsedInFlight {
+        partition: PartitionId,
+        reason: String,
+    },
     /// The record was appended but skipped: a newer leader had taken over by the time it was
     /// applied. Nothing it asked for happened.
     #[error("partition {partition}: request was fenced by a newer leader epoch {current}")]
@@ -206,6 +216,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Asked just before a log trim or a snapshot garbage collection deletes anything: `Ok` if this
+/// node still leads `partition` at `epoch` by whoever decides leadership (in a cluster, the
+/// metadata store, read afresh), else why not. A deposed leader therefore never trims records
+/// nor deletes snapshot files that its successor needs.
+pub type LeadershipFence = Arc<
+    dyn Fn(
+            PartitionId,
+            Epoch,
+        )
+            -> futures::future::BoxFuture<'static, std::result::Result<(), cairn_types::Fenced>>
+        + Send
+        + Sync,
+>;
 
 /// A leader's right to serve, kept by whoever decides leadership (in a cluster, the node's
 /// heartbeats to the metadata store renew it): the worker only asks it, before every request it

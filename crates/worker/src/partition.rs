@@ -141,6 +141,8 @@ pub struct Partition {
     /// The latest timestamp this node stamped on a record of the partition.
     last_stamp: AtomicU64,
     exports: mpsc::Sender<ExportRequest>,
+    /// Asked before a trim or a snapshot garbage collection deletes anything; none alone.
+    fence: std::sync::OnceLock<crate::LeadershipFence>,
     cancel: CancellationToken,
     /// The processor's thread, and what fires (or is dropped) when it is done. An async lock,
     /// held while [`Partition::shutdown`] waits, so that every caller returns only once the
@@ -223,6 +225,7 @@ impl Partition {
             next_request_id: AtomicU64::new(1),
             last_stamp: AtomicU64::new(0),
             exports,
+            fence: std::sync::OnceLock::new(),
             cancel,
             thread: tokio::sync::Mutex::new(Some((finished, thread))),
         }))
@@ -296,7 +299,7 @@ impl Partition {
             epoch,
             node: self.shared.node.clone(),
         };
-        let announce = self.propose_at(epoch, command);
+        let announce = self.propose_at(epoch, command, None);
         tokio::pin!(announce);
         let mut progress = self.shared.applied.subscribe();
         loop {
@@ -422,10 +425,54 @@ impl Partition {
         })
         .await?
         .map_err(|err| store_error(self.id(), "flush before trimming the log", err))?;
+        // Last, right before the records go: only under the current epoch.
+        self.check_fence()
+            .await
+            .map_err(|fenced| Error::TrimRefused {
+                partition: self.id(),
+                requested: up_to,
+                reason: fenced.to_string(),
+            })?;
         self.log
             .trim(up_to)
             .await
             .map_err(|err| log_error(self.id(), "trim log", err))
+    }
+
+    /// Sets what is asked before a trim or a snapshot garbage collection deletes anything (see
+    /// [`crate::LeadershipFence`]); once, when the partition starts.
+    pub fn set_fence(&self, fence: crate::LeadershipFence) {
+        let _ = self.fence.set(fence);
+    }
+
+    /// `Ok` if nothing fences this partition's deletions, or the fence says this node still
+    /// leads it at the epoch it serves with; else why not.
+    pub(crate) async fn check_fence(&self) -> std::result::Result<(), cairn_types::Fenced> {
+        let Some(fence) = self.fence.get() else {
+            return Ok(());
+        };
+        let epoch = self.serving_epoch().map_err(|err| {
+            cairn_types::Fenced::new(format!(
+                "this node does not serve it as its leader now ({err})"
+            ))
+        })?;
+        fence(self.id(), epoch).await
+    }
+
+    /// A snapshot garbage collection's fence for this partition (see [`Partition::set_fence`]):
+    /// it holds while this node leads it at the epoch it serves with now.
+    pub(crate) fn gc_fence(&self) -> Option<cairn_snapshots::GcFence> {
+        let fence = self.fence.get()?.clone();
+        let epoch = self.serving_epoch().map_err(|err| err.to_string());
+        Some(Arc::new(move |partition| match &epoch {
+            Ok(epoch) => fence(partition, *epoch),
+            Err(err) => {
+                let fenced = cairn_types::Fenced::new(format!(
+                    "this node does not serve it as its leader ({err})"
+                ));
+                Box::pin(async move { Err(fenced) })
+            }
+        }))
     }
 
     pub async fn status(&self) -> PartitionStatus {
@@ -533,6 +580,11 @@ impl Partition {
 
     /// The epoch this node serves with, if it is the partition's current leader.
     pub fn serving_epoch(&self) -> Result<Epoch> {
+        self.serving().map(|(epoch, _)| epoch)
+    }
+
+    /// [`Partition::serving_epoch`], with the lease it serves under.
+    fn serving(&self) -> Result<(Epoch, Option<Arc<dyn LeaderLease>>)> {
         if let Some(reason) = self.shared.stopped_reason() {
             return Err(Error::Stopped {
                 partition: self.id(),
@@ -552,7 +604,7 @@ impl Partition {
                 // Checked last, after the epoch: a read that passes it is served from a store
                 // holding every write acknowledged before it began (see ARCHITECTURE.md,
                 // *Linearizable reads*).
-                if let Some(lease) = lease
+                if let Some(lease) = &lease
                     && let Err(reason) = lease.check()
                 {
                     return Err(Error::LeaseLapsed {
@@ -560,7 +612,7 @@ impl Partition {
                         reason,
                     });
                 }
-                Ok(led)
+                Ok((led, lease))
             }
             (_, current) => Err(Error::NotLeader {
                 partition: self.id(),
@@ -570,8 +622,8 @@ impl Partition {
     }
 
     async fn propose(&self, command: Command) -> Result<Outcome> {
-        let epoch = self.serving_epoch()?;
-        self.propose_at(epoch, command).await
+        let (epoch, lease) = self.serving()?;
+        self.propose_at(epoch, command, lease).await
     }
 
     /// The partition's time as applied (ms since the Unix epoch), without the clock.
@@ -594,7 +646,16 @@ impl Partition {
         self.last_stamp.fetch_max(at, Ordering::AcqRel).max(at)
     }
 
-    async fn propose_at(&self, epoch: Epoch, command: Command) -> Result<Outcome> {
+    /// Appends `command` at `epoch` and waits for the processor's answer. Under a `lease`, a
+    /// request still waiting when the lease runs out is answered then, as of unknown outcome
+    /// (the leader can no longer vouch for it, and waiting on an unreachable log would hang the
+    /// client past the failover that decides it).
+    async fn propose_at(
+        &self,
+        epoch: Epoch,
+        command: Command,
+        lease: Option<Arc<dyn LeaderLease>>,
+    ) -> Result<Outcome> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.shared.lock_waiters().insert(request_id, tx);
@@ -635,11 +696,19 @@ impl Partition {
         // Read before appending: the record cannot be applied before it exists, so an LSN at or
         // below this means the log hands out LSNs the store has already applied.
         let applied = self.applied_lsn();
-        let lsn = self
-            .appender
-            .append(envelope.encode())
-            .await
-            .map_err(|err| log_error(self.id(), "append to log", err))?;
+        let lapse = lease_lapse(lease);
+        tokio::pin!(lapse);
+        let lsn = tokio::select! {
+            appended = self.appender.append(envelope.encode()) => {
+                appended.map_err(|err| log_error(self.id(), "append to log", err))?
+            }
+            reason = &mut lapse => {
+                return Err(Error::LapsedInFlight {
+                    partition: self.id(),
+                    reason,
+                });
+            }
+        };
         if lsn <= applied {
             let err = Error::StoreAheadOfLog {
                 partition: self.id(),
@@ -655,7 +724,11 @@ impl Partition {
             lsn,
             reason,
         };
-        match rx.await {
+        let outcome = tokio::select! {
+            outcome = rx => outcome,
+            reason = &mut lapse => return Err(undecided(reason)),
+        };
+        match outcome {
             Ok(Err(Error::Stopped { reason, .. })) => Err(undecided(reason)),
             Ok(Err(Error::StoreDiskFull { source, .. })) => Err(undecided(format!(
                 "the disk holding the partition store is full ({source}); the write is in the \
@@ -666,6 +739,22 @@ impl Partition {
                 "the processor ended before applying the request".into(),
             )),
         }
+    }
+}
+
+/// How often a request in flight checks its leader's lease.
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
+/// Ends, with the reason, once `lease` no longer holds; never without a lease.
+async fn lease_lapse(lease: Option<Arc<dyn LeaderLease>>) -> String {
+    let Some(lease) = lease else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Err(reason) = lease.check() {
+            return format!("this node's lease as the partition's leader ran out: {reason}");
+        }
+        tokio::time::sleep(LEASE_POLL).await;
     }
 }
 

@@ -220,10 +220,17 @@ impl SnapshotProducer {
             export = %export.dir.display(),
             "Partition snapshot written"
         );
+        let fence = partition.gc_fence();
+        let on_progress = if cfg!(feature = "test-hooks") {
+            Some(with_upload_pause(on_progress))
+        } else {
+            on_progress
+        };
         let options = PublishOptions {
             on_progress,
             num_retained: self.num_retained,
             orphan_grace: self.orphan_grace,
+            fence: fence.clone(),
             ..PublishOptions::default()
         };
         let report = self
@@ -243,7 +250,7 @@ impl SnapshotProducer {
             duration_ms = report.duration.as_millis() as u64,
             "Partition snapshot published"
         );
-        self.collect_garbage(id, report.gc.clone()).await;
+        self.collect_garbage(id, report.gc.clone(), fence).await;
         Ok(CreatedSnapshot {
             snapshot_id,
             partition_id: id,
@@ -262,12 +269,17 @@ impl SnapshotProducer {
         &self,
         partition: PartitionId,
         gc: Option<std::result::Result<GcReport, Arc<cairn_snapshots::Error>>>,
+        fence: Option<cairn_snapshots::GcFence>,
     ) {
         let gc = match gc {
             Some(gc) => gc,
             None => self
                 .repository
-                .sweep_orphans(partition, self.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE))
+                .sweep_orphans(
+                    partition,
+                    self.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE),
+                    fence,
+                )
                 .await
                 .map_err(Arc::new),
         };
@@ -341,6 +353,18 @@ impl SnapshotProducer {
             uploaded_bytes: 0,
         }))
     }
+}
+
+/// `on_progress`, and the `snapshot-upload` pause point once some bytes are uploaded.
+fn with_upload_pause(on_progress: Option<ProgressFn>) -> ProgressFn {
+    Arc::new(move |done, total| {
+        if let Some(progress) = &on_progress {
+            progress(done, total);
+        }
+        if done > 0 {
+            crate::testing::pause_point_blocking("snapshot-upload");
+        }
+    })
 }
 
 /// The metadata with which the producer publishes `export`, a snapshot of partition

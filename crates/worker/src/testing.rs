@@ -4,8 +4,9 @@
 //! reaches that point and waits there forever, so a test can SIGKILL it at exactly that moment.
 //! The points: `restore-download` (a restore's files are downloaded into its staging folder,
 //! not yet imported), `restore-import` (the snapshot is imported but the import is not yet marked
-//! complete) and `replay-<pid>` (partition `<pid>`'s processor has applied its first batch of log
-//! records). Without the variable these are no-ops, and without the `test-hooks` feature (off in
+//! complete), `replay-<pid>` (partition `<pid>`'s processor has applied its first batch of log
+//! records) and `snapshot-upload` (a snapshot publish has uploaded its first bytes, its manifest
+//! is not yet written). Without the variable these are no-ops, and without the `test-hooks` feature (off in
 //! every build but the test suite's) they are not there at all, so no environment can stop a
 //! production node.
 
@@ -23,6 +24,23 @@ pub(crate) async fn pause_point(point: &str) {
 
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) async fn pause_point(_point: &str) {}
+
+/// [`pause_point`] for code that cannot await (a progress callback): the calling thread waits
+/// forever, after handing the runtime's other tasks to other threads.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn pause_point_blocking(point: &str) {
+    if std::env::var(PAUSE_AT_ENV).is_ok_and(|v| v == point) {
+        tracing::warn!("paused at {point} ({PAUSE_AT_ENV} is set)");
+        tokio::task::block_in_place(|| {
+            loop {
+                std::thread::park();
+            }
+        });
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) fn pause_point_blocking(_point: &str) {}
 
 /// [`pause_point`] at `<point>-<partition>`. The name is only built when the hooks are there:
 /// the processor passes here once per round of records.

@@ -816,6 +816,39 @@ async fn trimming_past_the_applied_lsn_is_refused() {
 }
 
 #[tokio::test]
+async fn a_trim_the_leadership_fence_refuses_trims_nothing() {
+    let f = Fixture::new().await;
+    let (_stores, n1) = f.leading_n1(10).await;
+    n1.put(put("a", "1", None)).await.unwrap();
+    let applied = n1.applied_lsn();
+    let deposed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let asked = deposed.clone();
+    n1.set_fence(Arc::new(move |partition, epoch| {
+        let deposed = asked.load(std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            if deposed {
+                Err(cairn_types::Fenced::new(format!(
+                    "partition {partition}: n2 leads at an epoch after {epoch}"
+                )))
+            } else {
+                Ok(())
+            }
+        })
+    }));
+    let before = f.log.state().await.unwrap().trim_point;
+    let err = n1.trim_log(applied).await.unwrap_err();
+    assert!(
+        matches!(err, Error::TrimRefused { .. }) && err.to_string().contains("n2 leads"),
+        "{err}"
+    );
+    assert_eq!(f.log.state().await.unwrap().trim_point, before);
+    deposed.store(false, std::sync::atomic::Ordering::SeqCst);
+    n1.trim_log(applied).await.unwrap();
+    assert_eq!(f.log.state().await.unwrap().trim_point, applied);
+    f.stop().await;
+}
+
+#[tokio::test]
 async fn an_export_reports_the_lsn_it_holds_while_writes_go_on() {
     let f = Fixture::new().await;
     let (_stores, n1) = f.leading_n1(10).await;

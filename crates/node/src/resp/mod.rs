@@ -1119,8 +1119,9 @@ fn command_reply(kind: WriteReply, answers: Vec<Result<v1::WriteResult, Status>>
 fn status_reply(status: &Status) -> Reply {
     let message = status.message();
     match status.code() {
-        Code::Unavailable => Reply::error(format!("TRYAGAIN {message}")),
-        Code::DeadlineExceeded => Reply::error(format!(
+        // Nothing was done: safe to send again.
+        Code::Unavailable | Code::Aborted => Reply::error(format!("TRYAGAIN {message}")),
+        Code::DeadlineExceeded | Code::Unknown => Reply::error(format!(
             "ERR the outcome is unknown, read the keys to know: {message}"
         )),
         _ => Reply::error(format!("ERR {message}")),

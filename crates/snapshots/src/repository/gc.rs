@@ -58,6 +58,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+/// Asked before a garbage collection of a partition deletes anything: `Err(reason)` stops it.
+pub type GcFence = std::sync::Arc<
+    dyn Fn(
+            PartitionId,
+        )
+            -> futures::future::BoxFuture<'static, std::result::Result<(), cairn_types::Fenced>>
+        + Send
+        + Sync,
+>;
+
 /// How old an unreferenced object must be before a collection deletes it, unless it belongs to a
 /// snapshot just evicted: one hour, far longer than a publish takes, so that a publish in flight
 /// never loses the SSTs and `metadata.json` it wrote before swapping `latest.json`.
@@ -70,14 +80,29 @@ const SSTS_FOLDER: &str = "ssts";
 const METADATA_FILE: &str = "metadata.json";
 
 /// How to collect garbage; see the [module documentation](self) for the rule.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GcOptions {
     /// Unreferenced objects younger than this are kept: they may belong to a publish in flight.
     pub orphan_grace: Duration,
+    /// Asked right before anything is deleted (after `latest.json` was read again): a collection
+    /// that it refuses deletes nothing. A cluster's node checks that it still leads the partition
+    /// at its epoch by the metadata store, so that a deposed leader never deletes what its
+    /// successor's snapshots use.
+    pub fence: Option<GcFence>,
     /// Snapshots that a `latest.json` swap has just evicted ([`crate::PublishReport::evicted`]).
     /// Their folders and the SSTs only they referenced are deleted without waiting for the grace
     /// period. A snapshot that `latest.json` retains again is never deleted, whatever this says.
     pub evicted: Vec<RetainedSnapshot>,
+}
+
+impl std::fmt::Debug for GcOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcOptions")
+            .field("orphan_grace", &self.orphan_grace)
+            .field("evicted", &self.evicted)
+            .field("fence", &self.fence.is_some())
+            .finish()
+    }
 }
 
 impl Default for GcOptions {
@@ -86,6 +111,7 @@ impl Default for GcOptions {
         GcOptions {
             orphan_grace: DEFAULT_ORPHAN_GRACE,
             evicted: Vec::new(),
+            fence: None,
         }
     }
 }
@@ -148,6 +174,14 @@ impl SnapshotRepository {
             if again.latest != read.latest {
                 return Err(Error::LatestChangedDuringGc { partition });
             }
+            if let Some(fence) = &options.fence
+                && let Err(fenced) = fence(partition).await
+            {
+                return Err(Error::GcFenced {
+                    partition,
+                    source: fenced,
+                });
+            }
             self.execute(partition, plan, &mut report).await?;
         }
         report.duration = started.elapsed();
@@ -171,10 +205,12 @@ impl SnapshotRepository {
         &self,
         partition: PartitionId,
         orphan_grace: Duration,
+        fence: Option<GcFence>,
     ) -> Result<GcReport> {
         let options = GcOptions {
             orphan_grace,
             evicted: Vec::new(),
+            fence,
         };
         self.collect_garbage(partition, &options).await
     }

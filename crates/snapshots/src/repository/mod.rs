@@ -110,7 +110,7 @@ mod reuse;
 mod tar;
 mod upload;
 
-pub use gc::{DEFAULT_ORPHAN_GRACE, GcOptions, GcReport};
+pub use gc::{DEFAULT_ORPHAN_GRACE, GcFence, GcOptions, GcReport};
 pub use latest::{LATEST_JSON_BYTES_MAX, LatestRead, LatestSnapshot, RetainedSnapshot};
 #[cfg(feature = "test-util")]
 pub use publish::PublishStep;

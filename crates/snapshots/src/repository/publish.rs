@@ -48,6 +48,9 @@ pub struct PublishOptions {
     /// publish fail with [`Error::Conflict`].
     pub based_on: Option<LatestRead>,
     pub on_progress: Option<ProgressFn>,
+    /// Asked before the garbage collection that follows the publish deletes anything (see
+    /// [`GcOptions::fence`]).
+    pub fence: Option<crate::GcFence>,
     /// Stop with `Error::StoppedAfter` once this step is done, as a crash there would: for
     /// fault tests.
     #[cfg(feature = "test-util")]
@@ -339,6 +342,7 @@ impl SnapshotRepository {
         let gc_options = GcOptions {
             orphan_grace: options.orphan_grace.unwrap_or(DEFAULT_ORPHAN_GRACE),
             evicted: evicted.to_vec(),
+            fence: options.fence.clone(),
         };
         let collected = self.collect_garbage(partition, &gc_options).await;
         if let Err(error) = &collected {
