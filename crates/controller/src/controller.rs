@@ -25,6 +25,7 @@
 //! continues where the last stopped: it reads the same and plans the same.
 
 use crate::clock::MonotonicClock;
+use crate::lease::NodeLease;
 use crate::plan::{self, Change, NodeCondition, PlacementOptions, View};
 use crate::silence::Silence;
 use crate::{Timing, wall_clock_ms};
@@ -101,6 +102,9 @@ pub struct Controller {
     options: ControllerOptions,
     clock: Arc<dyn MonotonicClock>,
     silence: Silence,
+    /// This node's own lease, renewed by its heartbeats: while it does not hold, this node's
+    /// writes do not reach the store, so neither may anyone's, and no silence counts.
+    own_lease: Option<Arc<NodeLease>>,
     held: Option<Held>,
     view: watch::Sender<ClusterView>,
     on_event: Box<dyn Fn(ControllerEvent) + Send + Sync>,
@@ -124,6 +128,7 @@ impl Controller {
         let (view, _) = watch::channel(ClusterView::default());
         Controller {
             silence: Silence::new(options.timing.node_timeout),
+            own_lease: None,
             metadata,
             options,
             clock,
@@ -132,6 +137,15 @@ impl Controller {
             on_event,
             waiting_said: None,
         }
+    }
+
+    /// Judges nobody silent, and decides nothing, while `lease` (this node's own, renewed by
+    /// its heartbeats) does not hold; silences count from when it holds again. A metadata store
+    /// that answers reads but takes no writes (a NATS stream electing its leader) stops every
+    /// node's heartbeats at once: evidence of that time is not evidence of anyone's death.
+    pub fn with_own_lease(mut self, lease: Arc<NodeLease>) -> Controller {
+        self.own_lease = Some(lease);
+        self
     }
 
     /// The cluster as this node observes it, updated every observation.
@@ -164,6 +178,12 @@ impl Controller {
             }
         };
         self.publish_view(&observed);
+        if let Some(lease) = &self.own_lease
+            && !lease.holds()
+        {
+            self.silence.store_failed();
+            return;
+        }
         if let Err(err) = self.lease_round(observed.lease.clone()).await {
             warn!("controller lease: {err}");
             return;
@@ -573,6 +593,8 @@ mod tests {
         pub struct FlakyStore {
             pub inner: Arc<dyn MetadataStore>,
             pub failing: AtomicBool,
+            /// Reads succeed, writes fail.
+            pub writes_failing: AtomicBool,
         }
 
         impl FlakyStore {
@@ -600,6 +622,12 @@ mod tests {
                 precondition: Precondition,
             ) -> Result<Version> {
                 self.check()?;
+                if self.writes_failing.load(Ordering::SeqCst) {
+                    return Err(cairn_metadata::Error::Nats {
+                        context: "test",
+                        source: "the stream has no leader".into(),
+                    });
+                }
                 self.inner.put(key, value, precondition).await
             }
             async fn watch(&self, key: &str) -> Result<Watch> {
@@ -640,6 +668,7 @@ mod tests {
             let store = Arc::new(FlakyStore {
                 inner: local,
                 failing: Default::default(),
+                writes_failing: Default::default(),
             });
             let clock = Arc::new(ManualClock::new());
             let mut members = Vec::new();
@@ -826,6 +855,39 @@ mod tests {
         assert_eq!(cluster.state("n3").await, NodeState::Dead);
         assert_eq!(cluster.state("n2").await, NodeState::Alive);
         assert_eq!(cluster.state("n1").await, NodeState::Alive);
+    }
+
+    #[tokio::test]
+    async fn nobody_is_judged_dead_while_the_store_takes_reads_but_no_writes() {
+        let cluster = Cluster::new(&["n1", "n2", "n3"]).await;
+        let mut controller = cluster
+            .controller("n1", 3)
+            .with_own_lease(cluster.members[0].lease().clone());
+        cluster.run(T / 3, &[0, 1, 2], &mut [&mut controller]).await;
+        let placed = cluster.table().await;
+        // For 10 s every read succeeds and every write fails (a NATS stream electing its
+        // leader): every record looks silent, the controller's own included.
+        cluster
+            .store
+            .writes_failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        cluster
+            .run(Duration::from_secs(10), &[0, 1, 2], &mut [&mut controller])
+            .await;
+        cluster
+            .store
+            .writes_failing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        // Back: the heartbeats land within an interval, and nobody was written dead.
+        cluster.run(T / 2, &[0, 1], &mut [&mut controller]).await;
+        for name in ["n1", "n2", "n3"] {
+            assert_eq!(cluster.state(name).await, NodeState::Alive, "{name}");
+        }
+        assert_eq!(cluster.table().await.partitions, placed.partitions);
+        // n3, which never heartbeats again, is dead once silent for the timeout after that.
+        cluster.run(T * 2, &[0, 1], &mut [&mut controller]).await;
+        assert_eq!(cluster.state("n3").await, NodeState::Dead);
+        assert_eq!(cluster.state("n2").await, NodeState::Alive);
     }
 
     #[tokio::test]

@@ -38,11 +38,19 @@ pub enum LeaseLapsed {
     /// No heartbeat has succeeded for longer than the lease: the metadata store may be
     /// unreachable, or the node was paused.
     #[error(
-        "this node has not renewed its leader's lease for {} ms (its heartbeats to the metadata \
-         store are failing, or it was paused); it serves again once one succeeds",
-        silent_for.as_millis()
+        "this node has not renewed its leader's lease for {} ms ({}); it serves again once a \
+         heartbeat succeeds",
+        silent_for.as_millis(),
+        cause.as_ref().map_or_else(
+            || "its heartbeats to the metadata store are failing, or it was paused".to_string(),
+            |cause| format!("its last heartbeat to the metadata store failed: {cause}")
+        )
     )]
-    Expired { silent_for: Duration },
+    Expired {
+        silent_for: Duration,
+        /// Why the last heartbeat failed, if it did (rather than not being sent at all).
+        cause: Option<String>,
+    },
     /// The leadership was taken under an earlier generation of this node, which was judged dead
     /// or stopped: it must be taken again.
     #[error(
@@ -60,6 +68,8 @@ struct State {
     valid_until: Option<Duration>,
     /// No grant holds any more (the node is stopping).
     closed: bool,
+    /// Why the last heartbeat failed, until one succeeds.
+    failure: Option<String>,
 }
 
 /// This node's lease (one for all the partitions it leads). Cheap to share.
@@ -79,6 +89,7 @@ impl NodeLease {
                 generation,
                 valid_until: None,
                 closed: false,
+                failure: None,
             }),
         }
     }
@@ -99,8 +110,14 @@ impl NodeLease {
         if state.generation != generation || state.closed {
             return;
         }
+        state.failure = None;
         let until = sent + self.duration;
         state.valid_until = Some(state.valid_until.map_or(until, |known| known.max(until)));
+    }
+
+    /// A heartbeat failed for `cause` (said to requests refused once the lease runs out).
+    pub fn failed(&self, cause: String) {
+        self.state().failure = Some(cause);
     }
 
     /// Gives up every grant made so far: from now on only grants of `next_generation`, renewed by
@@ -116,6 +133,14 @@ impl NodeLease {
         let mut state = self.state();
         state.closed = true;
         state.valid_until = None;
+    }
+
+    /// Whether the last heartbeat that succeeded was sent less than the lease's duration ago:
+    /// this node's writes reach the metadata store.
+    pub fn holds(&self) -> bool {
+        let now = self.clock.now();
+        let state = self.state();
+        !state.closed && state.valid_until.is_some_and(|until| now < until)
     }
 
     /// The generation new grants are of.
@@ -143,9 +168,11 @@ impl NodeLease {
             Some(until) if now < until => Ok(()),
             Some(until) => Err(LeaseLapsed::Expired {
                 silent_for: now.saturating_sub(until) + self.duration,
+                cause: state.failure.clone(),
             }),
             None => Err(LeaseLapsed::Expired {
                 silent_for: self.duration,
+                cause: state.failure.clone(),
             }),
         }
     }

@@ -192,6 +192,7 @@ impl Member {
                     return;
                 }
                 Err(HeartbeatError::Failed(err)) => {
+                    self.lease.failed(err.to_string());
                     if failing_since.is_none() {
                         failing_since = Some(wall_clock_ms());
                         warn!(

@@ -14,10 +14,11 @@
 use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned, Watch};
 use async_nats::jetstream::kv;
 use async_trait::async_trait;
+use cairn_nats::wrong_last_sequence;
 use futures::StreamExt;
 
 /// How long connecting waits for a NATS server to answer.
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const CONNECT_TIMEOUT: std::time::Duration = cairn_nats::CONNECT_TIMEOUT;
 
 /// How long opening the bucket keeps trying while JetStream does not answer (a cluster of NATS
 /// servers that has just started elects its leaders first).
@@ -54,19 +55,8 @@ fn nats_error<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
 impl NatsMetadataStore {
     /// Connects and creates the bucket if it does not exist yet.
     pub async fn connect(options: &NatsMetadataOptions) -> Result<NatsMetadataStore> {
-        let servers = options
-            .servers
-            .iter()
-            .map(|url| url.parse::<async_nats::ServerAddr>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(nats_error("read the NATS server URLs"))?;
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, async_nats::connect(servers))
+        let client = cairn_nats::connect(&options.servers)
             .await
-            .map_err(|_| {
-                nats_error("connect to NATS")(format!(
-                    "no server answered within {CONNECT_TIMEOUT:?}"
-                ))
-            })?
             .map_err(nats_error("connect to NATS"))?;
         let jetstream = async_nats::jetstream::new(client);
         let config = kv::Config {
@@ -113,20 +103,6 @@ impl NatsMetadataStore {
     }
 }
 
-/// Whether JetStream refused a put for its expected last sequence. A single server reports it as
-/// the client's `WrongLastRevision`/`AlreadyExists`; a clustered stream's refusal reaches the
-/// client as another kind of failed publish that only says so in its text.
-fn wrong_last_sequence(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(err);
-    while let Some(err) = source {
-        if err.to_string().contains("wrong last sequence") {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
 /// A value as stored: JSON, like the `local` provider's.
 fn decode(key: &str, entry: &kv::Entry) -> Result<Option<Versioned>> {
     if entry.operation != kv::Operation::Put {
@@ -165,10 +141,24 @@ impl MetadataStore for NatsMetadataStore {
     ) -> Result<Version> {
         let raw = bytes::Bytes::from(serde_json::to_vec(&value).expect("encode JSON"));
         let refused = || async {
+            let current = self.current_version(key).await;
+            let holds = match precondition {
+                Precondition::MatchesVersion(expected) => current == Some(expected),
+                Precondition::DoesNotExist => current.is_none(),
+                Precondition::None => false,
+            };
+            if holds {
+                // A stream that lost its quorum refuses updates for its pending proposals'
+                // sequences: the key is as expected, and the store is what failed.
+                return Err(nats_error("update a metadata key")(format!(
+                    "JetStream refused the write of {key} for its version, yet the key is at the \
+                     expected version: the NATS servers have no quorum, or are electing a leader"
+                )));
+            }
             Err(Error::PreconditionFailed {
                 key: key.to_owned(),
                 expected: precondition,
-                current: self.current_version(key).await,
+                current,
             })
         };
         match precondition {

@@ -56,6 +56,7 @@ pub fn controller(
     config: &Config,
     num_partitions: u16,
     metrics: Arc<Metrics>,
+    member: &Member,
 ) -> (Controller, watch::Receiver<ClusterView>) {
     let options = ControllerOptions {
         me: NodeId(config.node_name.clone()),
@@ -71,7 +72,8 @@ pub fn controller(
         options,
         Arc::new(BootClock),
         Box::new(move |event| metrics.controller_event(&event)),
-    );
+    )
+    .with_own_lease(member.lease().clone());
     let view = controller.view();
     (controller, view)
 }

@@ -403,12 +403,13 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
     .await?;
 
     let cluster_view = match &member {
-        Some(_) => {
+        Some(member) => {
             let (controller, view) = cluster::controller(
                 metadata.clone(),
                 &config,
                 cluster.num_partitions,
                 metrics.clone(),
+                member,
             );
             background.push(tokio::spawn(controller.run(cancel.clone())));
             Some(view)

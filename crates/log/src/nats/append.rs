@@ -7,6 +7,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use bytes::Bytes;
+use cairn_nats::wrong_last_sequence;
 use cairn_types::Lsn;
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -15,6 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
+
+/// How long one lookup of an unanswered append waits.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The header naming the append a record's message starts: the writer and its count of
 /// appends. Read back to tell whether an append whose answer was lost was written.
@@ -256,10 +260,17 @@ impl Append {
         }
     }
 
-    /// What is at `expected + 1`.
+    /// What is at `expected + 1`, if the stream answers within [`LOOKUP_TIMEOUT`]: one without a
+    /// leader answers nothing, and the lookup is sent again until it has one.
     async fn find(&self) -> Result<Found> {
         use async_nats::jetstream::stream::RawMessageErrorKind;
-        match self.shared.stream.get_raw_message(self.expected + 1).await {
+        let lookup = self.shared.stream.get_raw_message(self.expected + 1);
+        let Ok(found) = tokio::time::timeout(LOOKUP_TIMEOUT, lookup).await else {
+            return Err(self.shared.nats_error("find an unanswered append")(
+                format!("no answer within {LOOKUP_TIMEOUT:?}").into(),
+            ));
+        };
+        match found {
             Ok(message) => {
                 let ours = message
                     .headers
@@ -297,17 +308,4 @@ impl Append {
         self.shared.changed.send_replace(());
         Lsn(self.last())
     }
-}
-
-/// Whether JetStream refused a publish for its expected last sequence. A clustered stream's
-/// refusal reaches the client as another kind of failed publish that only says so in its text.
-fn wrong_last_sequence(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(err);
-    while let Some(err) = source {
-        if err.to_string().contains("wrong last sequence") {
-            return true;
-        }
-        source = err.source();
-    }
-    false
 }

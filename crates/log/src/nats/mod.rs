@@ -69,7 +69,13 @@ pub fn stream_name(cluster: &str, log_id: LogId) -> String {
 }
 
 /// How long connecting waits for a NATS server to answer.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one JetStream request (an append's acknowledgement, a lookup) is waited for. A
+/// stream whose leader was lost answers nothing until NATS has elected another (seconds): an
+/// append unanswered this long is looked up and sent again (it cannot land twice), so a short
+/// wait costs a retry, and a long one would hold the append well past that election.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub const CONNECT_TIMEOUT: Duration = cairn_nats::CONNECT_TIMEOUT;
 
 /// How long opening a log keeps trying while JetStream does not answer (a cluster of NATS
 /// servers that has just started elects its leaders first).
@@ -102,23 +108,15 @@ impl NatsLogProvider {
             servers: options.servers.join(", "),
             source,
         };
-        let servers = options
-            .servers
-            .iter()
-            .map(|url| url.parse::<async_nats::ServerAddr>())
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| connect_error(e.into()))?;
-        let client = tokio::time::timeout(CONNECT_TIMEOUT, async_nats::connect(servers))
+        let client = cairn_nats::connect(&options.servers)
             .await
-            .map_err(|_| {
-                connect_error(format!("no server answered within {CONNECT_TIMEOUT:?}").into())
-            })?
             .map_err(|e| connect_error(e.into()))?;
         // The appenders bound what is in flight (per log); the context's own bound, shared by
         // every log, must not be lower, or appenders waiting for a permit stop polling the
         // acknowledgements that would free one.
         let jetstream = jetstream::context::ContextBuilder::new()
             .max_ack_inflight(ACKS_IN_FLIGHT_MAX)
+            .timeout(REQUEST_TIMEOUT)
             .build(client.clone());
         Ok(NatsLogProvider {
             client,
