@@ -156,7 +156,13 @@ impl TestCluster {
         }
         if let Err(err) = cluster.wait_serving(Duration::from_secs(120)).await {
             let logs = (0..cluster.nodes.len())
-                .map(|i| format!("--- {}:\n{}", cluster.nodes[i].name, cluster.log_tail(i, 25)))
+                .map(|i| {
+                    format!(
+                        "--- {}:\n{}",
+                        cluster.nodes[i].name,
+                        cluster.log_tail(i, 25)
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("\n");
             bail!("{err:#}\n{logs}");

@@ -90,6 +90,15 @@ impl Routes {
         self.changed.send_replace(());
     }
 
+    /// Waits for the next update of the routes, for at most `at_most`; whether one came.
+    pub async fn changed_within(&self, at_most: Duration) -> bool {
+        let mut changed = self.changed.subscribe();
+        matches!(
+            tokio::time::timeout(at_most, changed.changed()).await,
+            Ok(Ok(()))
+        )
+    }
+
     /// Ends once `partition` is no longer led from `address` by the routes (a failover moved it
     /// while a call forwarded there was in flight: the old leader, paused or cut off, may never
     /// answer it).

@@ -431,6 +431,17 @@ impl KeyValueService {
         Ok(out)
     }
 
+    /// Waits before sending a refused share again: `pause`, or until the routes change (the
+    /// failover it waits for is decided), whichever comes first. The next pause doubles, or
+    /// starts again from the first after a change.
+    async fn wait_to_retry(&self, pause: &mut std::time::Duration) {
+        if self.state.routes.changed_within(*pause).await {
+            *pause = RETRY_PAUSE_FIRST;
+        } else {
+            *pause = (*pause * 2).min(RETRY_PAUSE_MAX);
+        }
+    }
+
     /// [`Self::read_within`], read again while it is refused with nothing done (a leadership
     /// changing), for up to [`RETRY_FOR`]; a read has no effect, so this is always safe. Not for
     /// a request another node or a routing client sent: they retry themselves.
@@ -449,8 +460,7 @@ impl KeyValueService {
                         && nothing_done(status.code())
                         && std::time::Instant::now() + pause < deadline =>
                 {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                    self.wait_to_retry(&mut pause).await;
                 }
                 read => return read,
             }
@@ -498,8 +508,7 @@ impl KeyValueService {
                             && nothing_done(status.code())
                             && std::time::Instant::now() + pause < deadline =>
                     {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                        self.wait_to_retry(&mut pause).await;
                     }
                     answers => return (indices, answers),
                 }

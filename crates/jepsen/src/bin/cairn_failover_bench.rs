@@ -1,0 +1,274 @@
+//! `cairn-failover-bench`: how long a failover takes, and what clients see meanwhile.
+//!
+//! A real three-node cluster (three `nats-server`s, moto, `cairn` nodes) under a load of
+//! batched puts from routing clients. `--kills` times: SIGKILL of the node leading the most
+//! partitions; for each partition it led, the time from the kill to the first write that its
+//! new leader acknowledges (a probe per partition, through a surviving node); the node is
+//! started again and the cluster left to settle before the next kill. Printed: the failover
+//! times' p50 and max over every moved partition of every kill, and the load's throughput and
+//! p99 latency before the kills (the settled seconds before each), during (kill to the last
+//! partition's recovery) and after (the seconds after it). With `--lose-machine` each kill takes
+//! the NATS server beside the node too (same index), so NATS's own elections are in the figures.
+//! Build it and `cairn` in release for figures worth reading.
+
+use anyhow::Context;
+use bytes::Bytes;
+use cairn_client::{ClientOptions, PutEntry, RoutingClient, RoutingOptions};
+use cairn_jepsen::{ClusterOptions, TestCluster};
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(about = "Failover times and the load through them, on a real Cairn cluster")]
+struct Args {
+    /// How many times the busiest leader is killed.
+    #[arg(long, default_value_t = 10)]
+    kills: usize,
+    #[arg(long, default_value_t = 8)]
+    partitions: u16,
+    /// The cluster's node timeout, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    node_timeout_ms: u64,
+    /// Load clients, each with one batch in flight.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Keys per batched put.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+    /// Seconds of settled load measured before and after each kill.
+    #[arg(long, default_value_t = 5)]
+    window_secs: u64,
+    /// Kill the NATS server beside the node as well (a whole machine lost).
+    #[arg(long)]
+    lose_machine: bool,
+    /// The `cairn` binary (default: the one beside this binary).
+    #[arg(long)]
+    cairn_bin: Option<PathBuf>,
+}
+
+/// When each load request ended, and how long it took (`None`: it failed).
+type Samples = Arc<Mutex<Vec<(Instant, Option<Duration>)>>>;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cairn_bin = match args.cairn_bin.clone() {
+        Some(bin) => bin,
+        None => std::env::current_exe()?
+            .parent()
+            .context("this binary's folder")?
+            .join("cairn"),
+    };
+    let dir = tempfile::tempdir()?;
+    let node_timeout = Duration::from_millis(args.node_timeout_ms);
+    let mut cluster = TestCluster::start(ClusterOptions {
+        cairn_bin,
+        dir: dir.path().to_path_buf(),
+        nodes: 3,
+        partitions: args.partitions,
+        standbys: 1,
+        node_timeout,
+        extra_config: String::new(),
+        env: Vec::new(),
+    })
+    .await?;
+    let addresses = cluster.addresses();
+    let seeds: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let options = ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(15),
+    };
+    let samples: Samples = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut load = Vec::new();
+    for c in 0..args.clients {
+        let client = RoutingClient::connect_any(&seeds, &options, &RoutingOptions::default())
+            .await
+            .context("connect a load client")?;
+        let (samples, stop, batch) = (samples.clone(), stop.clone(), args.batch);
+        load.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                let entries = (0..batch)
+                    .map(|i| PutEntry {
+                        key: Bytes::from(format!("load-{c}-{}", (n as usize * batch + i) % 10_000)),
+                        value: Bytes::from_static(b"value-of-the-failover-bench"),
+                        ttl: None,
+                    })
+                    .collect();
+                n += 1;
+                let asked = Instant::now();
+                let answer = client.put(entries).await;
+                let ended = Instant::now();
+                let took = answer.is_ok().then(|| ended - asked);
+                samples.lock().unwrap().push((ended, took));
+                if took.is_none() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }));
+    }
+    let probe_keys = keys_per_partition(args.partitions);
+    let window = Duration::from_secs(args.window_secs);
+    let mut failovers: Vec<Duration> = Vec::new();
+    let mut periods = Vec::new();
+    for kill in 1..=args.kills {
+        tokio::time::sleep(window).await;
+        let leaders = cluster.leaders().await?;
+        let victim = cluster.busiest_leader().await?;
+        let name = cluster.nodes[victim].name.clone();
+        let moved: Vec<usize> = (0..leaders.len()).filter(|&p| leaders[p] == name).collect();
+        let via = cluster.nodes[(victim + 1) % cluster.nodes.len()].address();
+        let killed = Instant::now();
+        cluster.kill_node(victim);
+        if args.lose_machine {
+            cluster.kill_nats(victim % cluster.nats.servers.len());
+        }
+        let probes = moved.iter().map(|&p| {
+            let (via, key, options) = (via.clone(), probe_keys[p].clone(), options.clone());
+            async move { first_acknowledged_write(&via, key, &options, killed).await }
+        });
+        let times = futures::future::join_all(probes).await;
+        let mut slowest = Duration::ZERO;
+        for (p, time) in moved.iter().zip(times) {
+            let time = time.with_context(|| format!("kill {kill}: partition {p}"))?;
+            slowest = slowest.max(time);
+            failovers.push(time);
+        }
+        let recovered = killed + slowest;
+        println!(
+            "kill {kill}: {name} led {} partitions; each took a write again after {} ms",
+            moved.len(),
+            failovers[failovers.len() - moved.len()..]
+                .iter()
+                .map(|t| t.as_millis().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        tokio::time::sleep(window).await;
+        periods.push((killed, recovered, recovered + window));
+        if args.lose_machine {
+            cluster
+                .start_nats(victim % cluster.nats.servers.len())
+                .await?;
+        }
+        cluster.start_node(victim)?;
+        cluster.wait_serving(Duration::from_secs(60)).await?;
+    }
+    stop.cancel();
+    for task in load {
+        let _ = task.await;
+    }
+    failovers.sort();
+    let samples = samples.lock().unwrap().clone();
+    println!(
+        "failover (SIGKILL{} → first acknowledged write per moved partition), {} partitions over {} kills, node timeout {} ms: p50 {} ms, max {} ms",
+        if args.lose_machine {
+            " of a node and its NATS server"
+        } else {
+            ""
+        },
+        failovers.len(),
+        args.kills,
+        node_timeout.as_millis(),
+        percentile(&failovers, 0.5).as_millis(),
+        failovers.last().copied().unwrap_or_default().as_millis()
+    );
+    let before: Vec<_> = periods.iter().map(|&(k, _, _)| (k - window, k)).collect();
+    let during: Vec<_> = periods.iter().map(|&(k, r, _)| (k, r)).collect();
+    let after: Vec<_> = periods.iter().map(|&(_, r, a)| (r, a)).collect();
+    for (label, spans) in [("before", before), ("during", during), ("after", after)] {
+        println!(
+            "load ({} clients, puts of {} keys) {label:>6}: {}",
+            args.clients,
+            args.batch,
+            summary(&samples, &spans, args.batch)
+        );
+    }
+    Ok(())
+}
+
+/// One key of each partition.
+fn keys_per_partition(partitions: u16) -> Vec<Bytes> {
+    let mut keys: Vec<Option<Bytes>> = vec![None; partitions as usize];
+    let mut i = 0u64;
+    while keys.iter().any(Option::is_none) {
+        let key = format!("failover-probe-{i}");
+        let partition = cairn_types::keys::partition_for_key(
+            cairn_types::partition_key(key.as_bytes()),
+            partitions,
+        );
+        keys[partition.0 as usize].get_or_insert_with(|| Bytes::from(key));
+        i += 1;
+    }
+    keys.into_iter().map(|k| k.unwrap_or_default()).collect()
+}
+
+/// Writes `key` through the node at `via` until a write is acknowledged; how long after
+/// `since` that was.
+async fn first_acknowledged_write(
+    via: &str,
+    key: Bytes,
+    options: &ClientOptions,
+    since: Instant,
+) -> anyhow::Result<Duration> {
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(500),
+        ..options.clone()
+    };
+    let client = cairn_client::Client::connect(via, &options).await?;
+    loop {
+        let entry = PutEntry {
+            key: key.clone(),
+            value: Bytes::from_static(b"probe"),
+            ttl: None,
+        };
+        if client.put(vec![entry]).await.is_ok() {
+            return Ok(since.elapsed());
+        }
+        anyhow::ensure!(
+            since.elapsed() < Duration::from_secs(60),
+            "no write acknowledged within 60 s of the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Throughput (keys/s), p99 latency and failures of the requests that ended within `spans`.
+fn summary(
+    samples: &[(Instant, Option<Duration>)],
+    spans: &[(Instant, Instant)],
+    batch: usize,
+) -> String {
+    let within = |at: &Instant| spans.iter().any(|(from, to)| at >= from && at < to);
+    let mut latencies: Vec<Duration> = samples
+        .iter()
+        .filter(|(at, _)| within(at))
+        .filter_map(|(_, took)| *took)
+        .collect();
+    let failed = samples
+        .iter()
+        .filter(|(at, took)| within(at) && took.is_none())
+        .count();
+    let seconds: f64 = spans
+        .iter()
+        .map(|(from, to)| to.saturating_duration_since(*from).as_secs_f64())
+        .sum();
+    latencies.sort();
+    format!(
+        "{:.0} keys/s, p99 {} ms, {} failed requests over {:.1} s",
+        latencies.len() as f64 * batch as f64 / seconds.max(1e-9),
+        percentile(&latencies, 0.99).as_millis(),
+        failed,
+        seconds
+    )
+}
