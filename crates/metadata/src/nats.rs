@@ -43,6 +43,11 @@ pub struct NatsMetadataStore {
 }
 
 /// For `map_err`: a NATS client error as this crate's, with what was being done.
+/// How many times, [`REFUSAL_CHECK_PAUSE`] apart, a refused write's key is read for the write
+/// that came first.
+const REFUSAL_CHECKS: u32 = 4;
+const REFUSAL_CHECK_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn nats_error<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
     context: &'static str,
 ) -> impl FnOnce(E) -> Error {
@@ -141,25 +146,32 @@ impl MetadataStore for NatsMetadataStore {
     ) -> Result<Version> {
         let raw = bytes::Bytes::from(serde_json::to_vec(&value).expect("encode JSON"));
         let refused = || async {
-            let current = self.current_version(key).await;
-            let holds = match precondition {
-                Precondition::MatchesVersion(expected) => current == Some(expected),
-                Precondition::DoesNotExist => current.is_none(),
-                Precondition::None => false,
-            };
-            if holds {
-                // A stream that lost its quorum refuses updates for its pending proposals'
-                // sequences: the key is as expected, and the store is what failed.
-                return Err(nats_error("update a metadata key")(format!(
-                    "JetStream refused the write of {key} for its version, yet the key is at the \
-                     expected version: the NATS servers have no quorum, or are electing a leader"
-                )));
+            // A refusal is for a write that came first, which a read shows once it is committed
+            // (at once, but for a few milliseconds). A stream that lost its quorum also refuses
+            // for proposals that never commit: then the key stays as expected, and it is the
+            // store that failed, not the compare-and-swap.
+            for attempt in 0..REFUSAL_CHECKS {
+                let current = self.current_version(key).await;
+                let holds = match precondition {
+                    Precondition::MatchesVersion(expected) => current == Some(expected),
+                    Precondition::DoesNotExist => current.is_none(),
+                    Precondition::None => false,
+                };
+                if !holds {
+                    return Err(Error::PreconditionFailed {
+                        key: key.to_owned(),
+                        expected: precondition,
+                        current,
+                    });
+                }
+                if attempt + 1 < REFUSAL_CHECKS {
+                    tokio::time::sleep(REFUSAL_CHECK_PAUSE).await;
+                }
             }
-            Err(Error::PreconditionFailed {
-                key: key.to_owned(),
-                expected: precondition,
-                current,
-            })
+            Err(nats_error("update a metadata key")(format!(
+                "JetStream refused the write of {key} for its version, yet the key is still at the \
+                 expected version: the NATS servers have no quorum, or are electing a leader"
+            )))
         };
         match precondition {
             Precondition::None => self

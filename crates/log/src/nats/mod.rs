@@ -205,7 +205,7 @@ impl NatsLogProvider {
             ..Default::default()
         };
         let stream = self
-            .open_stream(config)
+            .open_stream(config.clone())
             .await
             .map_err(nats("open the log's stream"))?;
         let max_payload = self.client.server_info().max_payload;
@@ -214,6 +214,7 @@ impl NatsLogProvider {
             log_id,
             subject,
             stream,
+            config,
             jetstream: self.jetstream.clone(),
             client: self.client.clone(),
             record_bytes_max: max_payload.saturating_sub(HEADER_ALLOWANCE),
@@ -247,6 +248,8 @@ struct Shared {
     log_id: LogId,
     subject: String,
     stream: jetstream::stream::Stream,
+    /// The stream's configuration, to declare it again (see [`Shared::fetch_state`]).
+    config: jetstream::stream::Config,
     jetstream: jetstream::Context,
     client: async_nats::Client,
     /// The largest payload one NATS message can carry with an append's headers.
@@ -271,11 +274,30 @@ impl Shared {
 
     /// The stream's own idea of where the log stands, merged into the view.
     async fn fetch_state(&self) -> Result<LogState> {
-        let info = self
-            .stream
-            .get_info()
-            .await
-            .map_err(|e| self.nats_error("read the log's stream state")(e.into()))?;
+        use async_nats::jetstream::ErrorCode;
+        let info = match self.stream.get_info().await {
+            Ok(info) => info,
+            // A JetStream cluster whose servers created the stream concurrently can be left
+            // answering "not found" to the stream's info while the stream itself takes appends
+            // and reads: declaring it again (same configuration, so nothing changes if it is
+            // there) brings the answer back.
+            Err(err)
+                if err
+                    .to_string()
+                    .contains(&format!("error code {}", ErrorCode::STREAM_NOT_FOUND.0)) =>
+            {
+                tracing::warn!(log = %self.log_id, "the log's stream answers that it is not found ({err}); declaring it again");
+                self.jetstream
+                    .create_stream(self.config.clone())
+                    .await
+                    .map_err(|e| self.nats_error("declare the log's stream again")(e.into()))?
+                    .info()
+                    .await
+                    .map_err(|e| self.nats_error("read the log's stream state")(e.into()))?
+                    .clone()
+            }
+            Err(err) => return Err(self.nats_error("read the log's stream state")(err.into())),
+        };
         // A stream that never held a message starts at 0; one purged to its end starts one past
         // its last sequence.
         let trim_point = info.state.first_sequence.saturating_sub(1);
