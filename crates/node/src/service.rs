@@ -286,6 +286,34 @@ impl Answer {
     }
 }
 
+/// Where the routes say a partition is led: the one lookup every call routed in a cluster goes
+/// through (the data calls by [`KeyValueService::target`], which also checks that a local leader
+/// serves; the admin calls by [`AdminService::leader_elsewhere`]).
+enum LeaderRoute {
+    Here,
+    At {
+        node: cairn_types::NodeId,
+        address: String,
+    },
+}
+
+/// [`LeaderRoute`] of `id`, or why no leader can be named (refused: retry shortly).
+fn leader_route(state: &NodeState, id: PartitionId) -> Result<LeaderRoute, Status> {
+    match state.routes.current().leader(id) {
+        Some((leader, _)) if *leader == state.node => Ok(LeaderRoute::Here),
+        Some((leader, Some(address))) => Ok(LeaderRoute::At {
+            node: leader.clone(),
+            address: address.clone(),
+        }),
+        Some((leader, None)) => Err(Status::unavailable(format!(
+            "partition {id} is led by node {leader}, whose address this node does not know yet; retry shortly"
+        ))),
+        None => Err(Status::unavailable(format!(
+            "partition {id} has no leader yet: the cluster is waiting for cluster.initial-nodes nodes to join, or is placing it; retry shortly"
+        ))),
+    }
+}
+
 /// Who serves one partition's share of a request.
 enum Target {
     Local(Arc<Partition>),
@@ -322,25 +350,16 @@ impl KeyValueService {
                 Err(_) => {}
             }
         }
-        let routes = self.state.routes.current();
-        match routes.leader(id) {
-            Some((leader, _)) if *leader == self.state.node => Err(match running {
+        match leader_route(&self.state, id)? {
+            LeaderRoute::Here => Err(match running {
                 Ok(_) => Status::unavailable(format!(
                     "partition {id}: this node is taking over its leadership; retry shortly"
                 )),
                 Err(err) => status_of(err),
             }),
-            Some((_, Some(address))) if !forwarded => Ok(Target::Remote(address.clone())),
-            Some((leader, _)) => Err(Status::unavailable(format!(
-                "partition {id} is led by node {leader}, {}; retry shortly",
-                if forwarded {
-                    "and the node or routing client that sent this request here took this node for its leader (leadership is changing): read the partition table again and retry"
-                } else {
-                    "whose address this node does not know yet"
-                }
-            ))),
-            None => Err(Status::unavailable(format!(
-                "partition {id} has no leader yet: the cluster is waiting for cluster.initial-nodes nodes to join, or is placing it; retry shortly"
+            LeaderRoute::At { address, .. } if !forwarded => Ok(Target::Remote(address)),
+            LeaderRoute::At { node, .. } => Err(Status::unavailable(format!(
+                "partition {id} is led by node {node}, and the node or routing client that sent this request here took this node for its leader (leadership is changing): read the partition table again and retry"
             ))),
         }
     }
@@ -848,16 +867,10 @@ impl AdminService {
         if slot.running().is_ok_and(|p| p.leads()) {
             return Ok(None);
         }
-        match self.state.routes.current().leader(slot.id()) {
-            Some((leader, _)) if *leader == self.state.node => Ok(None),
-            Some((_, Some(address))) => Ok(Some(address.clone())),
-            Some((leader, None)) => Err(Status::unavailable(format!(
-                "partition {partition_id} is led by node {leader}, whose address this node does not know yet; retry shortly"
-            ))),
-            None => Err(Status::unavailable(format!(
-                "partition {partition_id} has no leader yet: the cluster is waiting for cluster.initial-nodes nodes to join, or is placing it; retry shortly"
-            ))),
-        }
+        Ok(match leader_route(&self.state, slot.id())? {
+            LeaderRoute::Here => None,
+            LeaderRoute::At { address, .. } => Some(address),
+        })
     }
 
     fn partition_info(&self, s: cairn_worker::PartitionStatus) -> v1::PartitionInfo {
