@@ -71,10 +71,17 @@ pub struct TestCluster {
     pub nodes: Vec<Node>,
 }
 
-fn free_address() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
+/// `count` distinct free loopback addresses. Every listener is held until all are taken: a port
+/// let go at once may be handed out again by the next bind, and two nodes given one port leave
+/// one of them unable to start while the other answers for it.
+fn free_addresses(count: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound listener's address"))
+        .collect()
 }
 
 fn signal(pid: i32, signal: libc::c_int) {
@@ -90,9 +97,11 @@ impl TestCluster {
         std::fs::create_dir_all(&options.dir)?;
         let nats_dir = options.dir.join("nats");
         let nats = tokio::task::spawn_blocking(move || NatsCluster::start(&nats_dir)).await?;
+        jetstream_ready(&nats.urls(), Duration::from_secs(120)).await?;
         let moto = moto::server();
         let bucket = tokio::task::spawn_blocking(|| moto::server().create_bucket()).await?;
         let mut nodes = Vec::with_capacity(options.nodes);
+        let mut ports = free_addresses(options.nodes * 3).into_iter();
         for i in 0..options.nodes {
             let name = format!("n{}", i + 1);
             let mut proxies = Vec::new();
@@ -129,9 +138,9 @@ impl TestCluster {
                 ),
             )?;
             nodes.push(Node {
-                grpc: free_address(),
-                resp: free_address(),
-                metrics: free_address(),
+                grpc: ports.next().expect("a port per node and use"),
+                resp: ports.next().expect("a port per node and use"),
+                metrics: ports.next().expect("a port per node and use"),
                 base_dir: options.dir.join(&name),
                 log: options.dir.join(format!("{name}.log")),
                 env: options
@@ -413,6 +422,25 @@ impl TestCluster {
     /// The last lines of node `i`'s log.
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
         tail(&self.nodes[i].log, lines)
+    }
+}
+
+/// Waits until the NATS cluster's JetStream answers (its servers have elected a meta leader):
+/// nodes started before that give up opening their metadata bucket after their own patience.
+async fn jetstream_ready(urls: &[String], within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    let client = cairn_nats::connect(urls).await?;
+    let jetstream = async_nats::jetstream::new(client);
+    loop {
+        match jetstream.query_account().await {
+            Ok(_) => return Ok(()),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => {
+                bail!("the NATS servers' JetStream does not answer after {within:?}: {err}")
+            }
+        }
     }
 }
 

@@ -22,7 +22,7 @@ pub const CONNECT_TIMEOUT: std::time::Duration = cairn_nats::CONNECT_TIMEOUT;
 
 /// How long opening the bucket keeps trying while JetStream does not answer (a cluster of NATS
 /// servers that has just started elects its leaders first).
-const OPEN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+const OPEN_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Versions of each key the bucket keeps (JetStream's maximum).
 pub const WATCH_HISTORY: i64 = 64;
@@ -77,6 +77,7 @@ impl NatsMetadataStore {
         // answers nothing for a while: looked up first, created if missing, looked up again if
         // another node created it meanwhile, all of it retried for `OPEN_PATIENCE`.
         let deadline = std::time::Instant::now() + OPEN_PATIENCE;
+        let mut attempts = 0u32;
         loop {
             let attempt: std::result::Result<kv::Store, Box<dyn std::error::Error + Send + Sync>> =
                 match jetstream.get_key_value(&options.bucket).await {
@@ -94,6 +95,12 @@ impl NatsMetadataStore {
             match attempt {
                 Ok(kv) => return Ok(NatsMetadataStore { kv }),
                 Err(err) if std::time::Instant::now() < deadline => {
+                    attempts += 1;
+                    // Said once a few seconds in: a JetStream cluster starting beside this node
+                    // may take a while to elect its leader.
+                    if attempts == 20 {
+                        tracing::warn!(bucket = %options.bucket, "the metadata bucket cannot be opened yet ({err}); retrying for up to {} s", OPEN_PATIENCE.as_secs());
+                    }
                     tracing::debug!(bucket = %options.bucket, "opening the bucket, again: {err}");
                     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
                 }

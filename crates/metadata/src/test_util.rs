@@ -104,15 +104,17 @@ pub struct NatsCluster {
 impl NatsCluster {
     pub fn start(dir: &std::path::Path) -> NatsCluster {
         const SERVERS: usize = 3;
-        let free_port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
-        let client_ports: Vec<u16> = (0..SERVERS).map(|_| free_port()).collect();
-        let route_ports: Vec<u16> = (0..SERVERS).map(|_| free_port()).collect();
+        // Every listener is held until all ports are taken, so that no two are the same.
+        let listeners: Vec<std::net::TcpListener> = (0..2 * SERVERS)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        drop(listeners);
+        let client_ports: Vec<u16> = ports[..SERVERS].to_vec();
+        let route_ports: Vec<u16> = ports[SERVERS..].to_vec();
         let routes = route_ports
             .iter()
             .map(|p| format!("nats://127.0.0.1:{p}"))
