@@ -71,16 +71,11 @@ pub struct TestCluster {
     pub nodes: Vec<Node>,
 }
 
-/// `count` distinct free loopback addresses. Every listener is held until all are taken: a port
-/// let go at once may be handed out again by the next bind, and two nodes given one port leave
-/// one of them unable to start while the other answers for it.
+/// `count` distinct free loopback addresses, none handed out before by this process.
 fn free_addresses(count: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<std::net::TcpListener> = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("a bound listener's address"))
+    cairn_metadata::test_util::free_ports(count)
+        .into_iter()
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
         .collect()
 }
 

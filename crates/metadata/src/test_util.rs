@@ -104,15 +104,7 @@ pub struct NatsCluster {
 impl NatsCluster {
     pub fn start(dir: &std::path::Path) -> NatsCluster {
         const SERVERS: usize = 3;
-        // Every listener is held until all ports are taken, so that no two are the same.
-        let listeners: Vec<std::net::TcpListener> = (0..2 * SERVERS)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().port())
-            .collect();
-        drop(listeners);
+        let ports = free_ports(2 * SERVERS);
         let client_ports: Vec<u16> = ports[..SERVERS].to_vec();
         let route_ports: Vec<u16> = ports[SERVERS..].to_vec();
         let routes = route_ports
@@ -163,4 +155,28 @@ impl Drop for NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `count` free loopback ports, none handed out before by this process: a port found free and
+/// let go may be found free again by a test running beside (they bind later), and two servers
+/// given one port leave one of them unable to start.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    // Every listener is held until all ports are taken, so that no two are the same.
+    let mut listeners = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < count {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = listener
+            .local_addr()
+            .expect("a bound listener's address")
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            ports.push(port);
+        }
+        listeners.push(listener);
+    }
+    ports
 }

@@ -1138,6 +1138,27 @@ async fn ensure_cluster(
     metadata: &dyn MetadataStore,
     config: &Config,
 ) -> anyhow::Result<ClusterRecord> {
+    // Nodes of a new cluster start together: the one whose creation lands makes the record, and
+    // the others, refused, read it as any later node does.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match create_or_check_cluster(metadata, config).await {
+            Err(err)
+                if attempts < 5
+                    && matches!(
+                        err.downcast_ref::<cairn_metadata::Error>(),
+                        Some(cairn_metadata::Error::PreconditionFailed { .. })
+                    ) => {}
+            answer => return answer,
+        }
+    }
+}
+
+async fn create_or_check_cluster(
+    metadata: &dyn MetadataStore,
+    config: &Config,
+) -> anyhow::Result<ClusterRecord> {
     if let Some((_, existing)) =
         get_typed::<ClusterRecord>(metadata, ClusterRecord::KEY, "cluster record").await?
     {
