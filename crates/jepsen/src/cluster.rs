@@ -44,6 +44,8 @@ pub struct Node {
     pub env: Vec<(String, String)>,
     config: PathBuf,
     child: Option<Child>,
+    /// It has run: its ports are the ones clients know, and stay.
+    has_run: bool,
     /// Per NATS server, the proxy this node reaches it through.
     proxies: Vec<Proxy>,
 }
@@ -147,6 +149,7 @@ impl TestCluster {
                 name,
                 config,
                 child: None,
+                has_run: false,
                 proxies,
             });
         }
@@ -186,6 +189,42 @@ impl TestCluster {
 
     /// Starts node `i` (again), on its ports and base dir, and waits until it listens.
     pub fn start_node(&mut self, i: usize) -> anyhow::Result<()> {
+        // Another process (a test running beside this one) may take a port between the moment
+        // it was found free and the node's bind. Before anyone knows the node's ports, it is
+        // given new ones and started again.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let logged = std::fs::metadata(&self.nodes[i].log).map_or(0, |m| m.len());
+            match self.start_node_once(i) {
+                Err(err)
+                    if !self.nodes[i].has_run
+                        && attempts < 5
+                        && log_since(&self.nodes[i].log, logged)
+                            .contains("Address already in use") =>
+                {
+                    let node = &mut self.nodes[i];
+                    if let Some(mut child) = node.child.take() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    let ports = free_addresses(3);
+                    (node.grpc, node.resp, node.metrics) = (ports[0], ports[1], ports[2]);
+                    eprintln!(
+                        "{}: a port was taken ({err:#}); starting it on others",
+                        node.name
+                    );
+                }
+                Err(err) => return Err(err),
+                Ok(()) => {
+                    self.nodes[i].has_run = true;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn start_node_once(&mut self, i: usize) -> anyhow::Result<()> {
         let node = &mut self.nodes[i];
         if node.running() {
             bail!("{} runs already", node.name);
@@ -228,6 +267,12 @@ impl TestCluster {
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+        // Something answers on the port; the node must be what answers (one that could not bind
+        // a port of its own exits at once, while another process may hold the port).
+        std::thread::sleep(Duration::from_millis(300));
+        if !node.running() {
+            bail!("{} exited at start; see {}", node.name, node.log.display());
         }
         Ok(())
     }
@@ -437,6 +482,12 @@ async fn jetstream_ready(urls: &[String], within: Duration) -> anyhow::Result<()
             }
         }
     }
+}
+
+/// What was written to the log at `path` past its first `offset` bytes.
+fn log_since(path: &Path, offset: u64) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
 }
 
 fn tail(path: &Path, lines: usize) -> String {
