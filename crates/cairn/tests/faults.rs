@@ -64,17 +64,7 @@ fn workload(seed: u64) -> WorkloadOptions {
 async fn check(name: &str, run: Run, cluster: &mut TestCluster) {
     let outcome = match run.finish(cluster).await {
         Ok(outcome) => outcome,
-        Err(err) => panic!(
-            "{name}: {err:#}\n{}",
-            (0..cluster.nodes.len())
-                .map(|i| format!(
-                    "--- {}:\n{}",
-                    cluster.nodes[i].name,
-                    cluster.log_tail(i, 30)
-                ))
-                .collect::<Vec<_>>()
-                .join("\n")
-        ),
+        Err(err) => panic!("{name}: {err:#}\n{}", cluster.log_tails(30)),
     };
     eprintln!("{name}: {}; {}", outcome.counts, outcome.report);
     assert!(

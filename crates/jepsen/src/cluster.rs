@@ -73,6 +73,17 @@ pub struct TestCluster {
     pub nodes: Vec<Node>,
 }
 
+/// The `cairn` binary: `given`, or the one beside the running executable.
+pub fn cairn_bin(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(bin) => Ok(bin),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("this binary's folder")?
+            .join("cairn")),
+    }
+}
+
 /// `count` distinct free loopback addresses, none handed out before by this process.
 fn free_addresses(count: usize) -> Vec<SocketAddr> {
     cairn_metadata::test_util::free_ports(count)
@@ -162,17 +173,7 @@ impl TestCluster {
             cluster.start_node(i)?;
         }
         if let Err(err) = cluster.wait_serving(Duration::from_secs(120)).await {
-            let logs = (0..cluster.nodes.len())
-                .map(|i| {
-                    format!(
-                        "--- {}:\n{}",
-                        cluster.nodes[i].name,
-                        cluster.log_tail(i, 25)
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            bail!("{err:#}\n{logs}");
+            bail!("{err:#}\n{}", cluster.log_tails(25));
         }
         Ok(cluster)
     }
@@ -457,6 +458,14 @@ impl TestCluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The last `lines` lines of every node's log, each under its name.
+    pub fn log_tails(&self, lines: usize) -> String {
+        (0..self.nodes.len())
+            .map(|i| format!("--- {}:\n{}", self.nodes[i].name, self.log_tail(i, lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The last lines of node `i`'s log.

@@ -11,7 +11,7 @@ pub mod cluster;
 pub mod proxy;
 pub mod workload;
 
-pub use cluster::{ClusterOptions, TestCluster};
+pub use cluster::{ClusterOptions, TestCluster, cairn_bin};
 pub use workload::{Workload, WorkloadOptions, final_reads};
 
 use cairn_checker::{CheckOptions, Recorder, Report};

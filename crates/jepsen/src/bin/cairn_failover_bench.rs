@@ -54,13 +54,7 @@ type Samples = Arc<Mutex<Vec<(Instant, Option<Duration>)>>>;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let cairn_bin = match args.cairn_bin.clone() {
-        Some(bin) => bin,
-        None => std::env::current_exe()?
-            .parent()
-            .context("this binary's folder")?
-            .join("cairn"),
-    };
+    let cairn_bin = cairn_jepsen::cairn_bin(args.cairn_bin.clone())?;
     let dir = tempfile::tempdir()?;
     let node_timeout = Duration::from_millis(args.node_timeout_ms);
     let mut cluster = TestCluster::start(ClusterOptions {

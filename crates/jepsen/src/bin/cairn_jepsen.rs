@@ -5,7 +5,6 @@
 //! Seeded: the seed is printed, and `--seed` replays the same choices (the timing of a real
 //! cluster differs between runs, so a failure may need a few replays).
 
-use anyhow::Context;
 use cairn_jepsen::{ClusterOptions, Run, TestCluster, WorkloadOptions};
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -69,13 +68,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(rand::random);
     println!("cairn-jepsen: seed {seed} (replay with --seed {seed})");
-    let cairn_bin = match args.cairn_bin {
-        Some(bin) => bin,
-        None => std::env::current_exe()?
-            .parent()
-            .context("this binary's folder")?
-            .join("cairn"),
-    };
+    let cairn_bin = cairn_jepsen::cairn_bin(args.cairn_bin)?;
     let temporary = tempfile::tempdir()?;
     let dir = args
         .dir
