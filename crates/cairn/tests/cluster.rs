@@ -219,7 +219,22 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     put_keys(&addresses[0], &keys, 100).await;
     for address in &addresses {
         assert_keys_there(address, &keys).await;
+        // And by cairnctl, from the node's own replicas when it accepts staleness.
+        let table = ok(cairnctl(
+            address,
+            &["kv", "get", "key-1", "key-2", "--max-staleness", "2s"],
+        ));
+        assert!(
+            table.contains("key-1") && table.contains("key-2"),
+            "{table}"
+        );
+        assert!(!table.contains("(absent)"), "{table}");
     }
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["kv", "get", "key-1", "--max-staleness", "soon"],
+    ));
+    assert!(err.contains("write it like 0s, 500ms or 2s"), "{err}");
 
     // The Redis port of every node answers every key, and its conditional writes are decided by
     // the partitions' leaders wherever they are sent.

@@ -81,10 +81,15 @@ async fn check(name: &str, run: Run, cluster: &mut TestCluster) {
 
 /// 64 keys, which cover every partition of the test clusters.
 fn probe_keys() -> Vec<cairn_client::PutEntry> {
+    probe_entries("v")
+}
+
+/// [`probe_keys`], each with `value`.
+fn probe_entries(value: &'static str) -> Vec<cairn_client::PutEntry> {
     (0..64)
         .map(|i| cairn_client::PutEntry {
             key: format!("probe-{i}").into(),
-            value: "v".into(),
+            value: value.into(),
             ttl: None,
         })
         .collect()
@@ -360,4 +365,74 @@ async fn all_nats_servers_killed_and_restarted() {
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     check("all NATS servers restarted", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bounded_staleness_reads_are_answered_by_followers_while_their_leader_is_paused() {
+    use cairn_client::Consistency;
+    let dir = scenario_dir();
+    // Two followers: every node holds every partition.
+    let cluster = cluster_with("stale-reads", &dir, "", 2, Vec::new()).await;
+    let victim = cluster.busiest_leader().await.unwrap();
+    let victim_name = cluster.nodes[victim].name.clone();
+    let reader = (victim + 1) % cluster.nodes.len();
+    let via_reader = client_of(&cluster, reader).await;
+    let keys: Vec<bytes::Bytes> = probe_keys().into_iter().map(|e| e.key).collect();
+    let all = |values: &[Option<bytes::Bytes>], value: &str| {
+        values.len() == keys.len()
+            && values
+                .iter()
+                .all(|v| v.as_deref() == Some(value.as_bytes()))
+    };
+    via_reader.put(probe_entries("v1")).await.unwrap();
+    // A follower read at the log's tail holds what was acknowledged.
+    let values = via_reader
+        .get_with(keys.clone(), Consistency::BoundedStaleness(Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(all(&values, "v1"), "{values:?}");
+
+    // With the leader paused, a read that accepts a minute's staleness is answered by the
+    // reader's own replicas, before anything fails over.
+    cluster.pause_node(victim);
+    let values = via_reader
+        .get_with(
+            keys.clone(),
+            Consistency::BoundedStaleness(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(all(&values, "v1"), "{values:?}");
+    let table = via_reader.list_partitions().await.unwrap();
+    assert!(
+        table.partitions.iter().any(|p| p.leader == victim_name),
+        "the partitions failed over before the read was answered, so it proves nothing: {table:?}"
+    );
+
+    // Woken up with its old values, the old leader answers a read at the tail only with what
+    // was acknowledged meanwhile.
+    let paused = Instant::now();
+    writes_resume(&cluster, victim, paused).await;
+    via_reader.put(probe_entries("v2")).await.unwrap();
+    cluster.resume_node(victim);
+    let via_victim = client_of(&cluster, victim).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match via_victim
+            .get_with(keys.clone(), Consistency::BoundedStaleness(Duration::ZERO))
+            .await
+        {
+            Ok(values) => {
+                assert!(
+                    all(&values, "v2"),
+                    "the woken node answered old values: {values:?}"
+                );
+                break;
+            }
+            Err(err) if err.nothing_done() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("{err}\n{}", cluster.log_tails(30)),
+        }
+    }
 }

@@ -145,6 +145,8 @@ pub enum KvCommand {
     Get {
         #[arg(required = true)]
         keys: Vec<String>,
+        #[command(flatten)]
+        freshness: Freshness,
     },
     /// Delete keys
     Delete {
@@ -155,6 +157,8 @@ pub enum KvCommand {
     Exists {
         #[arg(required = true)]
         keys: Vec<String>,
+        #[command(flatten)]
+        freshness: Freshness,
     },
     /// Insert keys that are absent, and tell which ones this call inserted
     InsertIfAbsent {
@@ -170,6 +174,28 @@ pub enum KvCommand {
 }
 
 /// A TTL in human units that the protocol can carry (64-bit milliseconds).
+/// How fresh a read must be.
+#[derive(Debug, Args)]
+pub struct Freshness {
+    /// Accept values up to this old (e.g. 500ms, 2s), answered by the node's own replica of
+    /// each key when it has one, even a follower, instead of each key's leader: no hop to the
+    /// leader, and an answer while the leader is unreachable. A write acknowledged within that
+    /// time may be missing, and a later read may show an older value. 0s reads a follower at the
+    /// log's tail (as fresh as the default, one round trip to the log). Default: linearizable
+    #[arg(long, value_parser = parse_staleness)]
+    pub max_staleness: Option<Duration>,
+}
+
+fn parse_staleness(text: &str) -> anyhow::Result<Duration> {
+    let max = humantime::parse_duration(text).map_err(|e| {
+        anyhow::anyhow!("{text:?} is not a duration ({e}); write it like 0s, 500ms or 2s")
+    })?;
+    if u64::try_from(max.as_millis()).is_err() {
+        anyhow::bail!("{text} is out of range: it must fit in 64-bit milliseconds");
+    }
+    Ok(max)
+}
+
 fn parse_ttl(text: &str) -> anyhow::Result<Duration> {
     let ttl = humantime::parse_duration(text).map_err(|e| {
         anyhow::anyhow!("{text:?} is not a duration ({e}); write it like 30s, 10m or 1h")

@@ -305,6 +305,13 @@ fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::Prog
     bar
 }
 
+fn consistency(freshness: &crate::args::Freshness) -> cairn_client::Consistency {
+    match freshness.max_staleness {
+        None => cairn_client::Consistency::Linearizable,
+        Some(max) => cairn_client::Consistency::BoundedStaleness(max),
+    }
+}
+
 async fn connect(global: &GlobalOptions) -> anyhow::Result<Client> {
     let options = ClientOptions {
         connect_timeout: Duration::from_millis(global.connect_timeout),
@@ -344,8 +351,13 @@ async fn kv(
                 .await?;
             println!("OK");
         }
-        KvCommand::Get { keys: names } => {
-            let values = client.get(keys(names.clone())).await?;
+        KvCommand::Get {
+            keys: names,
+            freshness,
+        } => {
+            let values = client
+                .get_with(keys(names.clone()), consistency(&freshness))
+                .await?;
             if let [value] = values.as_slice() {
                 // One key: the bare value, so scripts can use it; absence is an error.
                 match value {
@@ -370,8 +382,13 @@ async fn kv(
             client.delete(keys(names)).await?;
             println!("OK");
         }
-        KvCommand::Exists { keys: names } => {
-            let exists = client.exists(keys(names.clone())).await?;
+        KvCommand::Exists {
+            keys: names,
+            freshness,
+        } => {
+            let exists = client
+                .exists_with(keys(names.clone()), consistency(&freshness))
+                .await?;
             let mut t = table(global.table_style, &["KEY", "EXISTS"]);
             for (name, exists) in names.iter().zip(exists) {
                 t.add_row(vec![name.clone(), exists.to_string()]);

@@ -121,6 +121,34 @@ impl Default for ClientOptions {
     }
 }
 
+/// How fresh a read's answer must be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// Linearizable: every key is answered by its partition's leader, and the answer holds
+    /// every write acknowledged before the read began.
+    #[default]
+    Linearizable,
+    /// Any replica of a key's partition on the node the request reaches may answer (a follower
+    /// answers without a hop to the leader, and while the leader is unreachable), with what the
+    /// partition held at most this long before the request. It gives up recency (a write
+    /// acknowledged within the bound may be missing) and order (a later read may see an older
+    /// value). Zero is a follower read at the log's tail: linearizable, at the cost of a round
+    /// trip to the log.
+    BoundedStaleness(Duration),
+}
+
+impl Consistency {
+    /// The request field that asks for it.
+    fn max_staleness_ms(self) -> Option<u64> {
+        match self {
+            Consistency::Linearizable => None,
+            Consistency::BoundedStaleness(max) => {
+                Some(max.as_millis().try_into().unwrap_or(u64::MAX))
+            }
+        }
+    }
+}
+
 /// One entry of a put.
 #[derive(Debug, Clone)]
 pub struct PutEntry {
@@ -288,8 +316,17 @@ impl Client {
 
     /// Values in the order of `keys`; `None` for absent or expired keys.
     pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
+        self.get_with(keys, Consistency::Linearizable).await
+    }
+
+    /// [`Client::get`], as fresh as `consistency` asks.
+    pub async fn get_with(
+        &self,
+        keys: Vec<Bytes>,
+        consistency: Consistency,
+    ) -> Result<Vec<Option<Bytes>>> {
         Ok(self
-            .read(keys, false)
+            .read(keys, false, consistency)
             .await?
             .into_iter()
             .map(|v| v.value)
@@ -303,18 +340,27 @@ impl Client {
         keys: Vec<Bytes>,
     ) -> Result<Vec<Option<(Bytes, Option<u64>)>>> {
         Ok(self
-            .read(keys, true)
+            .read(keys, true, Consistency::Linearizable)
             .await?
             .into_iter()
             .map(|v| v.value.map(|value| (value, v.expires_at_ms)))
             .collect())
     }
 
-    async fn read(&self, keys: Vec<Bytes>, with_expiry: bool) -> Result<Vec<v1::MaybeValue>> {
+    async fn read(
+        &self,
+        keys: Vec<Bytes>,
+        with_expiry: bool,
+        consistency: Consistency,
+    ) -> Result<Vec<v1::MaybeValue>> {
         let response = self
             .kv
             .clone()
-            .get(self.kv_request(v1::GetRequest { keys, with_expiry }))
+            .get(self.kv_request(v1::GetRequest {
+                keys,
+                with_expiry,
+                max_staleness_ms: consistency.max_staleness_ms(),
+            }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().values)
@@ -370,10 +416,22 @@ impl Client {
     }
 
     pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
+        self.exists_with(keys, Consistency::Linearizable).await
+    }
+
+    /// [`Client::exists`], as fresh as `consistency` asks.
+    pub async fn exists_with(
+        &self,
+        keys: Vec<Bytes>,
+        consistency: Consistency,
+    ) -> Result<Vec<bool>> {
         let response = self
             .kv
             .clone()
-            .exists(self.kv_request(v1::ExistsRequest { keys }))
+            .exists(self.kv_request(v1::ExistsRequest {
+                keys,
+                max_staleness_ms: consistency.max_staleness_ms(),
+            }))
             .await
             .map_err(|s| self.rpc(s))?;
         Ok(response.into_inner().exists)

@@ -21,7 +21,7 @@
 //! again after an unknown outcome too. Partitions whose leader it cannot reach go through a seed
 //! node, which forwards them (and itself waits out a failover).
 
-use crate::{Client, ClientOptions, Error, PerKey, PutEntry, Result};
+use crate::{Client, ClientOptions, Consistency, Error, PerKey, PutEntry, Result};
 use bytes::Bytes;
 use cairn_types::keys::partition_for_key;
 use cairn_types::partition_key;
@@ -319,11 +319,26 @@ impl RoutingClient {
 
     /// Values in the order of `keys`; `None` for absent or expired keys.
     pub async fn get(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Bytes>>> {
+        self.get_with(keys, Consistency::Linearizable).await
+    }
+
+    /// [`RoutingClient::get`], as fresh as `consistency` asks. Keys still go to their leaders
+    /// (this client knows no other replica), which answer as they would a linearizable read;
+    /// the keys of a leader this client could not connect to go to its seed node, which may
+    /// then answer from its own replica.
+    pub async fn get_with(
+        &self,
+        keys: Vec<Bytes>,
+        consistency: Consistency,
+    ) -> Result<Vec<Option<Bytes>>> {
         let all = &keys;
         all_or_partial(
             self.scatter(&keys, Effect::Read, |client, indices| async move {
                 client
-                    .get(indices.iter().map(|&i| all[i].clone()).collect())
+                    .get_with(
+                        indices.iter().map(|&i| all[i].clone()).collect(),
+                        consistency,
+                    )
                     .await
                     .map(each_ok)
             })
@@ -347,11 +362,24 @@ impl RoutingClient {
     }
 
     pub async fn exists(&self, keys: Vec<Bytes>) -> Result<Vec<bool>> {
+        self.exists_with(keys, Consistency::Linearizable).await
+    }
+
+    /// [`RoutingClient::exists`], as fresh as `consistency` asks (see
+    /// [`RoutingClient::get_with`]).
+    pub async fn exists_with(
+        &self,
+        keys: Vec<Bytes>,
+        consistency: Consistency,
+    ) -> Result<Vec<bool>> {
         let all = &keys;
         all_or_partial(
             self.scatter(&keys, Effect::Read, |client, indices| async move {
                 client
-                    .exists(indices.iter().map(|&i| all[i].clone()).collect())
+                    .exists_with(
+                        indices.iter().map(|&i| all[i].clone()).collect(),
+                        consistency,
+                    )
                     .await
                     .map(each_ok)
             })

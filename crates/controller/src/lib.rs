@@ -21,7 +21,7 @@
 //! partitions' logs, stores or gRPC. What a node runs is the node's business; this crate only
 //! says who should run what, and whether this node may still serve as a leader.
 
-pub mod clock;
+pub use cairn_types::clock;
 pub mod controller;
 pub mod lease;
 pub mod membership;

@@ -148,16 +148,21 @@ impl Routes {
         whole(address, &answer.into_inner().failures)
     }
 
-    /// The values of `keys`, with their expiries if `with_expiry`.
+    /// The values of `keys`, with their expiries if `with_expiry`, as fresh as `freshness` asks.
     pub async fn get(
         &self,
         address: &str,
         keys: Vec<Bytes>,
         with_expiry: bool,
+        freshness: crate::service::Freshness,
     ) -> Result<Vec<Option<StoredValue>>, Status> {
         let mut kv = self.peer(address)?.kv;
         let answer = kv
-            .get(mark(v1::GetRequest { keys, with_expiry }))
+            .get(mark(v1::GetRequest {
+                keys,
+                with_expiry,
+                max_staleness_ms: freshness.max_staleness_ms(),
+            }))
             .await
             .map_err(|s| from(address, s, Call::Read))?;
         Ok(answer
@@ -188,10 +193,18 @@ impl Routes {
         Ok(answer.results)
     }
 
-    pub async fn exists(&self, address: &str, keys: Vec<Bytes>) -> Result<Vec<bool>, Status> {
+    pub async fn exists(
+        &self,
+        address: &str,
+        keys: Vec<Bytes>,
+        freshness: crate::service::Freshness,
+    ) -> Result<Vec<bool>, Status> {
         let mut kv = self.peer(address)?.kv;
         let answer = kv
-            .exists(mark(v1::ExistsRequest { keys }))
+            .exists(mark(v1::ExistsRequest {
+                keys,
+                max_staleness_ms: freshness.max_staleness_ms(),
+            }))
             .await
             .map_err(|s| from(address, s, Call::Read))?;
         Ok(answer.into_inner().exists)

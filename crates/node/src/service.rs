@@ -100,7 +100,7 @@ fn moved_in_flight(pid: PartitionId, address: &str) -> Status {
 fn status_of(err: cairn_worker::Error) -> Status {
     use cairn_worker::Error as E;
     match &err {
-        E::NotLeader { .. } | E::Stopped { .. } | E::LeaseLapsed { .. } => {
+        E::NotLeader { .. } | E::Stopped { .. } | E::LeaseLapsed { .. } | E::TooStale { .. } => {
             Status::unavailable(err.to_string())
         }
         // Not worth a blind retry: it may have taken effect.
@@ -277,6 +277,33 @@ enum Answer {
     Presence,
 }
 
+/// How fresh a read's answer must be (`max_staleness_ms` of the request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    /// The default: linearizable, each key answered by its leader under its lease.
+    Linearizable,
+    /// Any replica of a key's partition on this node may answer, if it can show that it holds
+    /// every write acknowledged this long ago (see `Partition::bounded_read_share`).
+    AtMostStale(std::time::Duration),
+}
+
+impl Freshness {
+    fn of_request(max_staleness_ms: Option<u64>) -> Freshness {
+        match max_staleness_ms {
+            None => Freshness::Linearizable,
+            Some(ms) => Freshness::AtMostStale(std::time::Duration::from_millis(ms)),
+        }
+    }
+
+    /// The request field that asks for it, for a forwarded read.
+    pub(crate) fn max_staleness_ms(self) -> Option<u64> {
+        match self {
+            Freshness::Linearizable => None,
+            Freshness::AtMostStale(max) => Some(max.as_millis().try_into().unwrap_or(u64::MAX)),
+        }
+    }
+}
+
 impl Answer {
     fn bytes_max(self) -> usize {
         match self {
@@ -364,6 +391,14 @@ impl KeyValueService {
         }
     }
 
+    /// This node's running replica of `id` (leader or follower), in a cluster.
+    fn local_replica(&self, id: PartitionId) -> Option<Arc<Partition>> {
+        if !self.state.config.cluster_mode() {
+            return None;
+        }
+        self.state.partitions.slot(id)?.running().ok()
+    }
+
     /// The values of `keys`, in request order, refused once they add up to more than `bytes_max`:
     /// a get of 10,000 keys of 1 MiB would otherwise read 10 GiB into memory for an answer that
     /// no gRPC message can hold. Keys are read a few at a time, so no more than one chunk's values
@@ -374,6 +409,7 @@ impl KeyValueService {
         &self,
         keys: &[Bytes],
         answer: Answer,
+        freshness: Freshness,
         forwarded: bool,
     ) -> Result<Vec<Option<StoredValue>>, Status> {
         let bytes_max = answer.bytes_max();
@@ -383,8 +419,39 @@ impl KeyValueService {
         let mut shares = Vec::with_capacity(groups.len());
         let mut indices = Vec::with_capacity(groups.len());
         let mut remote = Vec::new();
+        let mut routed = Vec::with_capacity(groups.len());
+        let mut replicas = Vec::new();
         for (pid, mine) in groups {
             let share: Vec<Bytes> = mine.iter().map(|&i| keys[i].clone()).collect();
+            match (freshness, self.local_replica(pid)) {
+                (Freshness::AtMostStale(max), Some(partition)) => {
+                    replicas.push((pid, partition, max, share, mine));
+                }
+                _ => routed.push((pid, share, mine)),
+            }
+        }
+        // A read that accepts staleness: each local replica (leader or follower) shows it is
+        // fresh enough, all at once; the keys of those that cannot go to their leaders.
+        let checked = futures::future::join_all(replicas.into_iter().map(
+            |(pid, partition, max, share, mine)| async move {
+                let read = partition.bounded_read_share(share.clone(), max).await;
+                (pid, read, share, mine)
+            },
+        ))
+        .await;
+        for (pid, read, share, mine) in checked {
+            match read {
+                Ok(read) => {
+                    shares.push(read);
+                    indices.push(mine);
+                }
+                Err(err) => {
+                    tracing::debug!("a bounded-staleness read goes to the leader: {err}");
+                    routed.push((pid, share, mine));
+                }
+            }
+        }
+        for (pid, share, mine) in routed {
             match self.target(pid, forwarded)? {
                 Target::Local(partition) => {
                     shares.push(partition.read_share(share).map_err(status_of)?);
@@ -398,7 +465,7 @@ impl KeyValueService {
             |(pid, address, share, mine)| async move {
                 let read = async {
                     match answer {
-                    Answer::Presence => routes.exists(&address, share).await.map(|found| {
+                    Answer::Presence => routes.exists(&address, share, freshness).await.map(|found| {
                         found
                             .into_iter()
                             .map(|there| {
@@ -410,7 +477,7 @@ impl KeyValueService {
                             .collect()
                     }),
                     Answer::Values { with_expiry, .. } => {
-                        routes.get(&address, share, with_expiry).await
+                        routes.get(&address, share, with_expiry, freshness).await
                     }
                     }
                 };
@@ -468,12 +535,13 @@ impl KeyValueService {
         &self,
         keys: &[Bytes],
         answer: Answer,
+        freshness: Freshness,
         forwarded: bool,
     ) -> Result<Vec<Option<StoredValue>>, Status> {
         let mut pause = RETRY_PAUSE_FIRST;
         let deadline = std::time::Instant::now() + RETRY_FOR;
         loop {
-            match self.read_within(keys, answer, forwarded).await {
+            match self.read_within(keys, answer, freshness, forwarded).await {
                 Err(status)
                     if !forwarded
                         && nothing_done(status.code())
@@ -721,13 +789,20 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::GetResponse>, Status> {
         let forwarded = crate::forward::not_to_forward(&request);
-        let v1::GetRequest { keys, with_expiry } = request.into_inner();
+        let v1::GetRequest {
+            keys,
+            with_expiry,
+            max_staleness_ms,
+        } = request.into_inner();
         validate::keys(&keys)?;
         let answer = Answer::Values {
             bytes_max: BATCH_BYTES_MAX,
             with_expiry,
         };
-        let values = self.read_riding_through(&keys, answer, forwarded).await?;
+        let freshness = Freshness::of_request(max_staleness_ms);
+        let values = self
+            .read_riding_through(&keys, answer, freshness, forwarded)
+            .await?;
         Ok(Response::new(v1::GetResponse {
             values: values
                 .into_iter()
@@ -771,11 +846,15 @@ impl v1::key_value_server::KeyValue for KeyValueService {
         request: Request<v1::ExistsRequest>,
     ) -> Result<Response<v1::ExistsResponse>, Status> {
         let forwarded = crate::forward::not_to_forward(&request);
-        let keys = request.into_inner().keys;
+        let v1::ExistsRequest {
+            keys,
+            max_staleness_ms,
+        } = request.into_inner();
         validate::keys(&keys)?;
+        let freshness = Freshness::of_request(max_staleness_ms);
         // Only presence is answered, so no bound on the values read.
         let exists = self
-            .read_riding_through(&keys, Answer::Presence, forwarded)
+            .read_riding_through(&keys, Answer::Presence, freshness, forwarded)
             .await?
             .into_iter()
             .map(|value| value.is_some())

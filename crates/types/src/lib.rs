@@ -2,8 +2,10 @@
 //! format of the records that partitions write to their logs.
 //!
 //! Architecture invariant: this crate knows nothing about RocksDB, gRPC, object stores or async
-//! runtimes. It is plain data and pure functions, so every other crate can depend on it.
+//! runtimes. It is plain data and pure functions (and the monotonic clock every timeout is measured
+//! by), so every other crate can depend on it.
 
+pub mod clock;
 pub mod ids;
 pub mod keys;
 pub mod limits;

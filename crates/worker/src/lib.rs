@@ -20,7 +20,9 @@ pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::{Compacted, ExpirySample, StoreStatus};
-pub use partition::{LEAD_STALL_MAX, Partition, PartitionStatus, ReadShare, read_shares};
+pub use partition::{
+    CATCH_UP_LIMIT, LEAD_STALL_MAX, Partition, PartitionStatus, ReadShare, read_shares,
+};
 pub use processor::Outcome;
 pub use restore::{
     RestoreFailure, RestoreProgressFn, RestoreStep, Restored, Restorer, repair_interrupted_restore,
@@ -184,6 +186,20 @@ pub enum Error {
         source: Box<cairn_partition_store::Error>,
         /// How to rebuild the partition: from its snapshots, or from its log alone.
         remedy: String,
+    },
+    /// A read that accepts a bounded staleness could not be served by this replica: it could
+    /// not show, within [`CATCH_UP_LIMIT`], that it holds every write acknowledged more than
+    /// `max_staleness` ago (the log's tail could not be read, or the replica is behind it).
+    /// Nothing was done; the partition's leader can serve it.
+    #[error(
+        "partition {partition}: this replica cannot show it is at most {}ms behind its leader: \
+         {reason}",
+        max_staleness.as_millis()
+    )]
+    TooStale {
+        partition: PartitionId,
+        max_staleness: Duration,
+        reason: String,
     },
     /// Waiting for the processor made no progress for `waited`.
     #[error(

@@ -6,6 +6,7 @@ use crate::{Clock, Error, LeaderLease, Result};
 use bytes::Bytes;
 use cairn_log::{LogState, Loglet};
 use cairn_partition_store::{ColumnFamilyExport, LeaderState, PartitionStore, StoredValue};
+use cairn_types::clock::{BootClock, MonotonicClock};
 use cairn_types::record::{Command, Envelope, Header, Origin, PutEntry, WriteOp, WriteResult};
 use cairn_types::{Epoch, KeyRange, Lsn, NodeId, PartitionId};
 use std::collections::HashMap;
@@ -143,6 +144,12 @@ pub struct Partition {
     exports: mpsc::Sender<ExportRequest>,
     /// Asked before a trim or a snapshot garbage collection deletes anything; none alone.
     fence: std::sync::OnceLock<crate::LeadershipFence>,
+    /// When (nanoseconds on the boot clock; 0: never) the last catch-up check of this replica
+    /// began: it holds every write acknowledged before then (see
+    /// [`Partition::bounded_read_share`]).
+    caught_up_at: AtomicU64,
+    /// Held by the catch-up check under way, which concurrent bounded reads wait for and share.
+    catching_up: tokio::sync::Mutex<()>,
     cancel: CancellationToken,
     /// The processor's thread, and what fires (or is dropped) when it is done. An async lock,
     /// held while [`Partition::shutdown`] waits, so that every caller returns only once the
@@ -152,6 +159,11 @@ pub struct Partition {
 
 /// How long [`Partition::become_leader`] waits for the applied LSN to move before it gives up.
 pub const LEAD_STALL_MAX: Duration = Duration::from_secs(60);
+
+/// How long a replica may take to show that it is fresh enough for a bounded-staleness read
+/// (read the log's tail and apply up to it) before the read is refused, to be served by the
+/// leader instead.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_millis(500);
 
 /// Export requests that may wait for the processor at once.
 const EXPORT_QUEUE_MAX: usize = 4;
@@ -226,6 +238,8 @@ impl Partition {
             last_stamp: AtomicU64::new(0),
             exports,
             fence: std::sync::OnceLock::new(),
+            caught_up_at: AtomicU64::new(0),
+            catching_up: tokio::sync::Mutex::new(()),
             cancel,
             thread: tokio::sync::Mutex::new(Some((finished, thread))),
         }))
@@ -401,6 +415,92 @@ impl Partition {
             now_ms: self.partition_time(),
             keys,
         })
+    }
+
+    /// This replica's share of a read that accepts values up to `max_staleness` old: what a read
+    /// at some moment at most `max_staleness` before this call would have returned, or later.
+    /// The leader serves it as [`Partition::read_share`] does (linearizable). Any other replica
+    /// (a follower, a leader whose lease ran out) serves it once it has shown that it holds
+    /// every write acknowledged more than `max_staleness` ago: a check reads the log's tail and
+    /// waits until it has applied up to it, so it holds every write acknowledged before the check
+    /// began (the leader acknowledges a write only once it is in the log). A check serves every
+    /// read within `max_staleness` of its start, and concurrent reads share one; a replica that
+    /// cannot finish one within [`CATCH_UP_LIMIT`] (the log unreachable, the replica far
+    /// behind) refuses with [`Error::TooStale`]. Ages are measured on this machine's boot
+    /// clock, so the bound holds as far as its rate is right.
+    ///
+    /// What it gives up: two such reads, even on one replica, may see the same key go back in
+    /// time (the second served by a replica further behind, or by the leader before the replica
+    /// catches up), and a value written after the read began may or may not be seen.
+    pub async fn bounded_read_share(
+        &self,
+        keys: Vec<Bytes>,
+        max_staleness: Duration,
+    ) -> Result<ReadShare> {
+        if self.serving_epoch().is_ok() {
+            return self.read_share(keys);
+        }
+        if let Some(reason) = self.shared.stopped_reason() {
+            return Err(Error::Stopped {
+                partition: self.id(),
+                reason,
+            });
+        }
+        let arrived = BootClock.now();
+        if !self.caught_up_since(arrived, max_staleness) {
+            let too_stale = |reason: String| Error::TooStale {
+                partition: self.id(),
+                max_staleness,
+                reason,
+            };
+            let check = async {
+                let _only = self.catching_up.lock().await;
+                // The check just finished (the one this read waited for) may do.
+                if self.caught_up_since(arrived, max_staleness) {
+                    return Ok(());
+                }
+                self.catch_up().await
+            };
+            match tokio::time::timeout(CATCH_UP_LIMIT, check).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(too_stale(err.to_string())),
+                Err(_) => {
+                    return Err(too_stale(format!(
+                        "it did not apply the log up to its tail within {}ms (applied LSN {})",
+                        CATCH_UP_LIMIT.as_millis(),
+                        self.applied_lsn()
+                    )));
+                }
+            }
+        }
+        Ok(ReadShare {
+            partition: self.id(),
+            store: self.store.clone(),
+            now_ms: self.partition_time(),
+            keys,
+        })
+    }
+
+    /// Whether the last catch-up check began at most `max_staleness` before `arrived`.
+    fn caught_up_since(&self, arrived: Duration, max_staleness: Duration) -> bool {
+        let at = self.caught_up_at.load(Ordering::Acquire);
+        at != 0 && Duration::from_nanos(at).saturating_add(max_staleness) >= arrived
+    }
+
+    /// Reads the log's tail and waits until this replica has applied up to it; then it holds
+    /// every write acknowledged before this began.
+    async fn catch_up(&self) -> Result<()> {
+        let began = BootClock.now();
+        let tail = self
+            .log
+            .find_tail()
+            .await
+            .map_err(|err| log_error(self.id(), "read the log's tail", err))?
+            .tail;
+        self.wait_applied(tail).await?;
+        self.caught_up_at
+            .fetch_max((began.as_nanos() as u64).max(1), Ordering::AcqRel);
+        Ok(())
     }
 
     /// Trims the log up to `up_to`. Refuses to trim past what this partition has applied, since

@@ -1029,9 +1029,24 @@ type LogFuture<'a, T> =
 
 /// A real local log whose reads hang once `hung` is set, as on a disk that stopped answering.
 /// (Written out by hand: this crate does not depend on `async-trait`.)
+/// The log, with reads that can be made to hang (a replica falling behind) and a tail that can
+/// be made unreadable (the log unreachable); counts the tail reads.
 struct HangingReads {
     log: Arc<dyn Loglet>,
     hung: std::sync::atomic::AtomicBool,
+    tail_fails: std::sync::atomic::AtomicBool,
+    tail_reads: std::sync::atomic::AtomicUsize,
+}
+
+impl HangingReads {
+    fn new(log: Arc<dyn Loglet>) -> Arc<HangingReads> {
+        Arc::new(HangingReads {
+            log,
+            hung: std::sync::atomic::AtomicBool::new(false),
+            tail_fails: std::sync::atomic::AtomicBool::new(false),
+            tail_reads: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
 }
 
 impl Loglet for HangingReads {
@@ -1060,10 +1075,13 @@ impl Loglet for HangingReads {
         's: 'f,
         Self: 'f,
     {
-        if self.hung.load(std::sync::atomic::Ordering::SeqCst) {
-            return Box::pin(std::future::pending());
-        }
-        self.log.read(from, max_records)
+        // Hangs for as long as `hung` is set.
+        Box::pin(async move {
+            while self.hung.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            self.log.read(from, max_records).await
+        })
     }
 
     fn wait_for_tail<'s, 'f>(&'s self, lsn: cairn_types::Lsn) -> LogFuture<'f, ()>
@@ -1089,16 +1107,33 @@ impl Loglet for HangingReads {
     {
         self.log.state()
     }
+
+    fn find_tail<'s, 'f>(&'s self) -> LogFuture<'f, cairn_log::LogState>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.tail_reads.fetch_add(1, SeqCst);
+        if self.tail_fails.load(SeqCst) {
+            let log_id = self.log.log_id();
+            return Box::pin(async move {
+                Err(cairn_log::Error::Nats {
+                    log_id,
+                    context: "read the log's stream state",
+                    source: "no server answers".into(),
+                })
+            });
+        }
+        self.log.find_tail()
+    }
 }
 
 #[tokio::test]
 async fn taking_the_leadership_gives_up_when_the_processor_stops_moving() {
     let f = Fixture::new().await;
     let stores = f.stores("n1");
-    let log = Arc::new(HangingReads {
-        log: f.log.clone(),
-        hung: std::sync::atomic::AtomicBool::new(false),
-    });
+    let log = HangingReads::new(f.log.clone());
     let partition = Partition::start(
         KeyRange::of_partition(PID, 1),
         NodeId("n1".into()),
@@ -1240,5 +1275,82 @@ async fn a_compacted_store_and_a_replayed_one_answer_alike() {
         last_read,
         "the replica reads differently"
     );
+    f.stop().await;
+}
+
+/// Reads a share as a node would.
+async fn read_one(share: cairn_worker::ReadShare) -> Option<Bytes> {
+    let mut values = cairn_worker::read_shares(vec![share], 16, usize::MAX)
+        .await
+        .unwrap();
+    values.remove(0).remove(0).map(|v| v.value)
+}
+
+#[tokio::test]
+async fn a_follower_answers_a_bounded_staleness_read_only_once_it_holds_what_was_acknowledged() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::Duration;
+    let f = Fixture::new().await;
+    let (_n1_stores, n1) = f.leading_n1(1_000).await;
+    let stores = f.stores("n2");
+    let log = HangingReads::new(f.log.clone());
+    let n2 = Partition::start(
+        KeyRange::of_partition(PID, 1),
+        NodeId("n2".into()),
+        stores.open_or_create_partition(PID).unwrap(),
+        log.clone(),
+        Arc::new(ManualClock::new(1_000)),
+    )
+    .unwrap();
+    f.started.lock().unwrap().push(Arc::downgrade(&n2));
+    n1.put(put("k", "v1", None)).await.unwrap();
+    // Not its leader: a linearizable read is refused, a follower read at the tail is answered.
+    assert!(matches!(
+        n2.get(&[key("k")]).await,
+        Err(Error::NotLeader { .. })
+    ));
+    let share = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v1"[..]));
+
+    // The follower falls behind: what the leader acknowledges now, it cannot apply.
+    log.hung.store(true, SeqCst);
+    n1.put(put("k", "v2", None)).await.unwrap();
+    // Within a long bound, the check just made still vouches for it: no round trip to the log,
+    // and an answer that may be old.
+    let tail_reads = log.tail_reads.load(SeqCst);
+    let share = n2
+        .bounded_read_share(vec![key("k")], Duration::from_secs(3600))
+        .await;
+    assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v1"[..]));
+    assert_eq!(
+        log.tail_reads.load(SeqCst),
+        tail_reads,
+        "the check was not reused"
+    );
+    // At the tail, it cannot show it holds v2, and refuses rather than answer v1.
+    let refused = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    let Err(err @ Error::TooStale { .. }) = refused else {
+        panic!("a replica behind the tail answered a read at the tail");
+    };
+    assert!(err.to_string().contains("did not apply the log"), "{err}");
+
+    // Caught up again, it answers with v2.
+    log.hung.store(false, SeqCst);
+    let share = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v2"[..]));
+
+    // A log it cannot reach: refused once the last check is older than the bound, with why.
+    log.tail_fails.store(true, SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let refused = n2
+        .bounded_read_share(vec![key("k")], Duration::from_millis(10))
+        .await;
+    let Err(err @ Error::TooStale { .. }) = refused else {
+        panic!("a replica that cannot read the log's tail answered past its bound");
+    };
+    assert!(err.to_string().contains("no server answers"), "{err}");
+    // The leader answers under its lease, without asking the log.
+    let share = n1.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v2"[..]));
     f.stop().await;
 }

@@ -14,6 +14,13 @@
 //!   groups them, one message per partition to that partition's stream (`--replicas` copies,
 //!   files), all acknowledgements awaited: the log traffic of a Cairn request without Cairn.
 //!
+//! - **get**, 1 and `--read-batch` keys per request, over `--read-keys` keys written first, in
+//!   three modes: linearizable through a client that routes each key to its leader;
+//!   linearizable through plain clients spread over the nodes (a node forwards the keys of
+//!   partitions it does not lead); and with a bounded staleness (`--max-staleness-ms`) through
+//!   the same plain clients, which a node answers from its own replicas, followers included.
+//!   Reads have no peer here: the ratio is each mode's cost against the others'.
+//!
 //! Beside keys/s and latency it prints what explains them: the JetStream messages a request
 //! became, and the CPU time per key of the NATS servers and of this process, which runs the
 //! clients and the Cairn nodes. Every side shares the one machine's cores.
@@ -23,7 +30,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use cairn_bench::CpuTime;
 use cairn_bench::ratio::Rounds;
 use cairn_bench::report::progress;
-use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient};
+use cairn_client::{Client, ClientOptions, Consistency, PutEntry, RoutingClient};
 use cairn_metadata::test_util::NatsCluster;
 use cairn_types::keys::partition_for_key;
 use cairn_types::partition_key;
@@ -76,6 +83,15 @@ struct Args {
     /// Seconds the nodes may take to serve every partition
     #[arg(long, default_value_t = 90.0)]
     start_timeout: f64,
+    /// Keys written before the reads, which read them
+    #[arg(long, default_value_t = 10_000)]
+    read_keys: usize,
+    /// Keys per request of the batched reads
+    #[arg(long, default_value_t = 100)]
+    read_batch: usize,
+    /// The staleness the bounded reads accept, in milliseconds
+    #[arg(long, default_value_t = 1_000)]
+    max_staleness_ms: u64,
 }
 
 /// The cluster's name, which names its streams.
@@ -144,8 +160,13 @@ impl Figures {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        args.seconds > 0.0 && args.clients > 0 && args.batch > 0 && args.rounds > 0,
-        "--seconds, --clients, --batch and --rounds must be more than 0"
+        args.seconds > 0.0
+            && args.clients > 0
+            && args.batch > 0
+            && args.rounds > 0
+            && args.read_keys > 0
+            && args.read_batch > 0,
+        "--seconds, --clients, --batch, --rounds, --read-keys and --read-batch must be more than 0"
     );
     anyhow::ensure!(
         (1..=3).contains(&args.replicas) && args.nodes > 0,
@@ -169,19 +190,60 @@ fn main() -> anyhow::Result<()> {
     let nats = NatsCluster::start(&dir.path().join("nats"));
     let results = runtime.block_on(run(&args, dir.path(), &nats));
     drop(nats);
-    let results = results?;
+    let (results, reads) = results?;
     print_report(&args, &results);
+    print_read_report(&args, &reads);
     Ok(())
 }
 
 type Results = BTreeMap<(Workload, &'static str), Rounds<Figures>>;
+
+/// Read workloads: keys per request.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum ReadWorkload {
+    Single,
+    Batch,
+}
+
+/// How a read is sent, and how fresh it must be.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum ReadMode {
+    /// Linearizable, each key sent to its leader by a routing client.
+    Routed,
+    /// Linearizable, through a plain client of one node, which forwards.
+    ViaNode,
+    /// At most `--max-staleness-ms` old, through a plain client of one node.
+    BoundedViaNode,
+}
+
+impl ReadMode {
+    const ALL: [ReadMode; 3] = [
+        ReadMode::Routed,
+        ReadMode::ViaNode,
+        ReadMode::BoundedViaNode,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            ReadMode::Routed => "routed, linearizable",
+            ReadMode::ViaNode => "via a node, linearizable",
+            ReadMode::BoundedViaNode => "via a node, bounded",
+        }
+    }
+}
+
+type ReadResults = BTreeMap<(ReadWorkload, ReadMode), Rounds<Figures>>;
 
 /// How long stopping one Cairn node may take before the benchmark gives up on it.
 const NODE_STOP_LIMIT: Duration = Duration::from_secs(30);
 
 /// Starts the Cairn nodes, measures, and stops every node it started, also when something failed
 /// on the way: nodes left running would still be writing to RocksDB as the process exits.
-async fn run(args: &Args, dir: &std::path::Path, nats: &NatsCluster) -> anyhow::Result<Results> {
+async fn run(
+    args: &Args,
+    dir: &std::path::Path,
+    nats: &NatsCluster,
+) -> anyhow::Result<(Results, ReadResults)> {
     let mut nodes = Vec::new();
     let measured = measure(args, dir, nats, &mut nodes).await;
     if measured.is_err() {
@@ -215,7 +277,7 @@ async fn measure(
     dir: &std::path::Path,
     nats: &NatsCluster,
     nodes: &mut Nodes,
-) -> anyhow::Result<Results> {
+) -> anyhow::Result<(Results, ReadResults)> {
     progress(&format!("Cairn: starting {} cluster nodes", args.nodes));
     let mut addresses = Vec::new();
     for i in 1..=args.nodes {
@@ -286,10 +348,136 @@ async fn measure(
             }
         }
     }
+    let reads = measure_reads(args, &addresses, &nats_pids).await?;
+    let writes = runs
+        .into_iter()
+        .map(|(key, runs)| (key, Rounds::of(runs, Figures::keys_per_second)))
+        .collect();
+    Ok((writes, reads))
+}
+
+/// Writes `--read-keys` keys through the cluster, then reads them in every mode, round after
+/// round.
+async fn measure_reads(
+    args: &Args,
+    addresses: &[String],
+    nats_pids: &[u32],
+) -> anyhow::Result<ReadResults> {
+    progress(&format!(
+        "cluster: writing {} keys for the reads",
+        args.read_keys
+    ));
+    let writer = RoutingClient::connect(&addresses[0], &ClientOptions::default()).await?;
+    let value = Bytes::from(vec![b'v'; args.value_bytes]);
+    for chunk in (0..args.read_keys).collect::<Vec<_>>().chunks(100) {
+        let entries = chunk
+            .iter()
+            .map(|&i| PutEntry {
+                key: read_key(i),
+                value: value.clone(),
+                ttl: None,
+            })
+            .collect();
+        writer
+            .put(entries)
+            .await
+            .context("write the keys to read")?;
+    }
+    // Past the bound, a bounded read must see every one of them.
+    tokio::time::sleep(Duration::from_millis(args.max_staleness_ms)).await;
+    let mut runs: BTreeMap<(ReadWorkload, ReadMode), Vec<Figures>> = BTreeMap::new();
+    for round in 1..=args.rounds {
+        for workload in [ReadWorkload::Single, ReadWorkload::Batch] {
+            for mode in ReadMode::ALL {
+                progress(&format!(
+                    "round {round}/{}: cluster: {}, {}",
+                    args.rounds,
+                    read_name(args, workload),
+                    mode.label()
+                ));
+                let cpu_before = CpuTime::read(nats_pids.to_vec()).await?;
+                let mut figures = drive_reads(args, addresses, workload, mode).await?;
+                figures.cpu = CpuTime::read(nats_pids.to_vec()).await?.since(cpu_before);
+                runs.entry((workload, mode)).or_default().push(figures);
+            }
+        }
+    }
     Ok(runs
         .into_iter()
         .map(|(key, runs)| (key, Rounds::of(runs, Figures::keys_per_second)))
         .collect())
+}
+
+fn read_key(i: usize) -> Bytes {
+    Bytes::from(format!("read-{i}"))
+}
+
+fn read_name(args: &Args, workload: ReadWorkload) -> String {
+    match workload {
+        ReadWorkload::Single => "get, 1 key per request".to_string(),
+        ReadWorkload::Batch => format!("get, {} keys per request", args.read_batch),
+    }
+}
+
+/// A connection that reads: routing, or one node's.
+#[derive(Clone)]
+enum Reader {
+    Routed(RoutingClient),
+    Node(Arc<Client>, Consistency),
+}
+
+/// Runs one read workload for `--seconds` with `--clients` clients spread over `addresses`;
+/// every key read must be there.
+async fn drive_reads(
+    args: &Args,
+    addresses: &[String],
+    workload: ReadWorkload,
+    mode: ReadMode,
+) -> anyhow::Result<Figures> {
+    let mut readers = Vec::with_capacity(args.clients);
+    for c in 0..args.clients {
+        let address = &addresses[c % addresses.len()];
+        let options = ClientOptions::default();
+        readers.push(match mode {
+            ReadMode::Routed => Reader::Routed(RoutingClient::connect(address, &options).await?),
+            ReadMode::ViaNode => Reader::Node(
+                Arc::new(Client::connect(address, &options).await?),
+                Consistency::Linearizable,
+            ),
+            ReadMode::BoundedViaNode => Reader::Node(
+                Arc::new(Client::connect(address, &options).await?),
+                Consistency::BoundedStaleness(Duration::from_millis(args.max_staleness_ms)),
+            ),
+        });
+    }
+    let per_request = match workload {
+        ReadWorkload::Single => 1,
+        ReadWorkload::Batch => args.read_batch,
+    };
+    let key_count = args.read_keys;
+    let mut figures = drive(args, readers, move |reader, c, seq| {
+        // Spread over the keys, differently per client and request.
+        let start = (c * 7919 + seq as usize * 104_729) % key_count;
+        let keys: Vec<Bytes> = (0..per_request)
+            .map(|j| read_key((start + j * 31) % key_count))
+            .collect();
+        async move {
+            let values = match reader {
+                Reader::Routed(client) => client.get(keys).await,
+                Reader::Node(client, consistency) => client.get_with(keys, consistency).await,
+            }
+            .context("Cairn get")?;
+            anyhow::ensure!(
+                values.iter().all(Option::is_some),
+                "a key written before the reads is missing"
+            );
+            Ok(())
+        }
+    })
+    .await?;
+    // `drive` counts `--batch` keys per request.
+    figures.keys = figures.latencies.len() as u64 * per_request as u64;
+    Ok(figures)
 }
 
 fn label(side: Side) -> &'static str {
@@ -567,6 +755,49 @@ impl PlainJetStream {
             }
         })
         .await
+    }
+}
+
+fn print_read_report(args: &Args, reads: &ReadResults) {
+    println!();
+    println!(
+        "reads: {} keys, bounded = at most {} ms stale; {} follower(s) per partition, so a node \
+         holds a replica of {} of the {} partitions",
+        args.read_keys,
+        args.max_staleness_ms,
+        args.standbys,
+        format_args!("{}/{}", (1 + args.standbys).min(args.nodes), args.nodes),
+        args.partitions
+    );
+    println!(
+        "{:<34} {:<26} {:>10} {:>8} {:>8} {:>14} {:>14}",
+        "workload", "", "keys/s", "p50 ms", "p99 ms", "NATS µs/key", "process µs/key"
+    );
+    for workload in [ReadWorkload::Single, ReadWorkload::Batch] {
+        for mode in ReadMode::ALL {
+            let figures = &reads[&(workload, mode)].median;
+            let (nats_cpu, process_cpu) = figures.cpu_per_key_us();
+            println!(
+                "{:<34} {:<26} {:>10.0} {:>8.2} {:>8.2} {:>14.1} {:>14.1}",
+                read_name(args, workload),
+                mode.label(),
+                figures.keys_per_second(),
+                figures.latency_ms(0.50),
+                figures.latency_ms(0.99),
+                nats_cpu,
+                process_cpu
+            );
+        }
+    }
+    println!();
+    for workload in [ReadWorkload::Single, ReadWorkload::Batch] {
+        let bounded = &reads[&(workload, ReadMode::BoundedViaNode)];
+        println!(
+            "{}: bounded/linearizable via a node {}, bounded via a node/routed linearizable {}",
+            read_name(args, workload),
+            bounded.ratio_to(&reads[&(workload, ReadMode::ViaNode)]),
+            bounded.ratio_to(&reads[&(workload, ReadMode::Routed)])
+        );
     }
 }
 

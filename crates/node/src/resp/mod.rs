@@ -396,7 +396,11 @@ impl ClientConnection {
             let exists = self
                 .server
                 .kv
-                .exists(Request::new(v1::ExistsRequest { keys }))
+                .exists(Request::new(v1::ExistsRequest {
+                    keys,
+                    // Linearizable, as Redis's own reads are.
+                    max_staleness_ms: None,
+                }))
                 .await?
                 .into_inner()
                 .exists;
@@ -413,7 +417,11 @@ impl ClientConnection {
                 .any(|r| matches!(r.reply, ReadReply::Ttl { .. }));
             self.server
                 .kv
-                .get(Request::new(v1::GetRequest { keys, with_expiry }))
+                .get(Request::new(v1::GetRequest {
+                    keys,
+                    with_expiry,
+                    max_staleness_ms: None,
+                }))
                 .await?
                 .into_inner()
                 .values
