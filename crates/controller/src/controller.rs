@@ -205,15 +205,18 @@ impl Controller {
             .await?
             .map(|(_, m)| m)
             .unwrap_or_default();
-        let mut records = BTreeMap::new();
-        for name in members.nodes {
-            let record =
-                get_typed::<NodeRecord>(metadata, &NodeRecord::key(&name), "node record").await?;
-            records.insert(name, record);
-        }
-        let lease =
-            get_typed::<ControllerLease>(metadata, ControllerLease::KEY, "controller lease")
-                .await?;
+        // All at once: the later a version is first seen, the later its silence is counted from.
+        let keys: Vec<String> = members.nodes.iter().map(NodeRecord::key).collect();
+        let (records, lease) = futures::future::join(
+            futures::future::try_join_all(
+                keys.iter()
+                    .map(|key| get_typed::<NodeRecord>(metadata, key, "node record")),
+            ),
+            get_typed::<ControllerLease>(metadata, ControllerLease::KEY, "controller lease"),
+        )
+        .await;
+        let records: BTreeMap<NodeId, _> = members.nodes.into_iter().zip(records?).collect();
+        let lease = lease?;
         let now = self.clock.now();
         for (name, record) in &records {
             self.silence

@@ -14,7 +14,7 @@
 //! # Timing
 //! All of it follows from one setting, the node timeout `T` ([`Timing`]): heartbeats every `T/3`,
 //! a leader's lease of `2T/3` from the moment it sent its last successful heartbeat, observations
-//! every `T/15`. The argument that a deposed leader has stopped before its successor serves
+//! every `T/30` (a node is judged dead at most about that long after its silence reached `T`). The argument that a deposed leader has stopped before its successor serves
 //! needs only that every clock runs within 20% of real time; it is written out at [`lease`].
 //!
 //! Architecture invariant: this crate knows the metadata store and its records, and nothing of
@@ -64,9 +64,11 @@ impl Timing {
         self.node_timeout * 2 / 3
     }
 
-    /// How often every node reads the others' records and the controller's lease.
+    /// How often every node reads the others' records and the controller's lease: what a
+    /// failover may take past the node timeout, twice (once to see the last heartbeat, once to
+    /// see its silence reach the timeout).
     pub fn observe_interval(&self) -> Duration {
-        self.node_timeout / 15
+        self.node_timeout / 30
     }
 }
 

@@ -274,6 +274,8 @@ pub(crate) struct Partitions {
     /// In a cluster: this node's lease, which every leadership it takes serves under.
     lease: Option<Arc<cairn_controller::NodeLease>>,
     pub table_version: AtomicU64,
+    /// Takes the leaderships asked at once in one write of the table.
+    epochs: EpochRaiser,
     /// Every processor this node started, whichever slot state it got to: a bring-up, reconcile
     /// or restore cut short by shutdown leaves one that no slot holds, and shutdown waits for it
     /// all the same (a processor thread still in RocksDB when the process exits makes RocksDB
@@ -349,6 +351,7 @@ impl Partitions {
             cluster: config.cluster,
             lease: config.lease,
             table_version: AtomicU64::new(0),
+            epochs: EpochRaiser::default(),
             started: Arc::default(),
         })
     }
@@ -683,19 +686,21 @@ impl Partitions {
         let lease = self.lease.as_ref().map(|lease| {
             Arc::new(crate::cluster::Lease(lease.grant())) as Arc<dyn cairn_worker::LeaderLease>
         });
-        let epoch = take_leadership(
-            self.metadata.as_ref(),
-            &self.node,
-            partition.id(),
-            seen,
-            self.cluster,
-        )
-        .await
-        .map(|(version, epoch)| {
-            self.table_version.store(version, Ordering::Relaxed);
-            epoch
-        })
-        .map_err(NotLeading::Record)?;
+        let epoch = self
+            .epochs
+            .take(
+                self.metadata.as_ref(),
+                &self.node,
+                partition.id(),
+                seen,
+                self.cluster,
+            )
+            .await
+            .map(|(version, epoch)| {
+                self.table_version.store(version, Ordering::Relaxed);
+                epoch
+            })
+            .map_err(NotLeading::Record)?;
         let started = Instant::now();
         let from = partition.applied_lsn();
         let led = match lease {
@@ -1028,43 +1033,230 @@ fn leadership_fence(
     })
 }
 
-async fn take_leadership(
-    metadata: &dyn MetadataStore,
-    node: &NodeId,
+/// One partition's ask to lead it: the epoch its processor has seen, and where the answer goes.
+struct LeadAsk {
     partition: PartitionId,
     seen: Epoch,
+    answer: tokio::sync::oneshot::Sender<anyhow::Result<(u64, Epoch)>>,
+}
+
+/// Raises the epochs of the partitions this node is to lead, in one write of the partition
+/// table for all the asks that meet: a failover hands a node every partition of a dead leader at
+/// once, and a compare-and-swap each on the one table key would collide and back off in turn
+/// (the last of 8 took its leadership some 150 ms after the first).
+#[derive(Default)]
+struct EpochRaiser {
+    asks: std::sync::Mutex<Vec<LeadAsk>>,
+    /// Held by the one write under way; the asks that arrive meanwhile go in the next.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl EpochRaiser {
+    /// Names this node leader of `partition` in the table at an epoch past both the table's and
+    /// `seen`; the table's version after the write, and the epoch. In a cluster, refused unless
+    /// the controller placed the leadership here.
+    async fn take(
+        &self,
+        metadata: &dyn MetadataStore,
+        node: &NodeId,
+        partition: PartitionId,
+        seen: Epoch,
+        cluster: bool,
+    ) -> anyhow::Result<(u64, Epoch)> {
+        let (answer, mut answered) = tokio::sync::oneshot::channel();
+        self.asks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(LeadAsk {
+                partition,
+                seen,
+                answer,
+            });
+        let _writing = self.writing.lock().await;
+        // The write before may have carried this ask: it answers before it lets go.
+        if let Ok(answer) = answered.try_recv() {
+            return answer;
+        }
+        let asks = std::mem::take(&mut *self.asks.lock().unwrap_or_else(|p| p.into_inner()));
+        let wanted: Vec<(PartitionId, Epoch)> =
+            asks.iter().map(|ask| (ask.partition, ask.seen)).collect();
+        match take_leaderships(metadata, node, &wanted, cluster).await {
+            Ok(answers) => {
+                for (ask, taken) in asks.into_iter().zip(answers) {
+                    let _ = ask.answer.send(taken);
+                }
+            }
+            Err(err) => {
+                let err = Arc::new(err);
+                for ask in asks {
+                    let _ = ask.answer.send(Err(anyhow::Error::new(err.clone())));
+                }
+            }
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(anyhow::anyhow!(
+                "the table write that carried the ask ended"
+            ))
+        })
+    }
+}
+
+/// One compare-and-swap of the table that names this node leader of each of `wanted` (a
+/// partition, and the epoch its processor has seen) at a new epoch; per partition, the table's
+/// version after the write and its epoch, or why not.
+async fn take_leaderships(
+    metadata: &dyn MetadataStore,
+    node: &NodeId,
+    wanted: &[(PartitionId, Epoch)],
     cluster: bool,
-) -> anyhow::Result<(u64, Epoch)> {
-    let (taken, version) = update_typed::<PartitionTable, anyhow::Result<Epoch>>(
+) -> Result<Vec<anyhow::Result<(u64, Epoch)>>, cairn_metadata::Error> {
+    let (taken, version) = update_typed::<PartitionTable, Vec<anyhow::Result<Epoch>>>(
         metadata,
         PartitionTable::KEY,
         "partition table",
         |table| {
             let mut table = table.unwrap_or_default();
-            let placement = table
-                .partitions
-                .entry(partition)
-                .or_insert(PartitionPlacement {
-                    leader: None,
-                    epoch: Default::default(),
-                    followers: Vec::new(),
-                });
-            if cluster && placement.leader.as_ref() != Some(node) {
-                return Change::Keep(Err(anyhow::anyhow!(
-                    "the controller placed its leadership on {}",
-                    placement
-                        .leader
-                        .as_ref()
-                        .map_or("no node yet".to_string(), |n| format!("node {n}"))
-                )));
+            let mut changed = false;
+            let answers = wanted
+                .iter()
+                .map(|&(partition, seen)| {
+                    let placement =
+                        table
+                            .partitions
+                            .entry(partition)
+                            .or_insert(PartitionPlacement {
+                                leader: None,
+                                epoch: Default::default(),
+                                followers: Vec::new(),
+                            });
+                    if cluster && placement.leader.as_ref() != Some(node) {
+                        return Err(anyhow::anyhow!(
+                            "the controller placed its leadership on {}",
+                            placement
+                                .leader
+                                .as_ref()
+                                .map_or("no node yet".to_string(), |n| format!("node {n}"))
+                        ));
+                    }
+                    let epoch = Epoch(placement.epoch.max(seen).0 + 1);
+                    placement.epoch = epoch;
+                    placement.leader = Some(node.clone());
+                    changed = true;
+                    Ok(epoch)
+                })
+                .collect();
+            if changed {
+                Change::Write(table, answers)
+            } else {
+                Change::Keep(answers)
             }
-            let epoch = Epoch(placement.epoch.max(seen).0 + 1);
-            placement.epoch = epoch;
-            placement.leader = Some(node.clone());
-            Change::Write(table, Ok(epoch))
         },
     )
     .await?;
-    let epoch = taken?;
-    Ok((version.unwrap_or_default(), epoch))
+    let version = version.unwrap_or_default();
+    Ok(taken
+        .into_iter()
+        .map(|epoch| epoch.map(|epoch| (version, epoch)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_metadata::local::LocalMetadataStore;
+
+    fn store(dir: &tempfile::TempDir) -> Arc<dyn MetadataStore> {
+        Arc::new(LocalMetadataStore::open(&dir.path().join("metadata")).unwrap())
+    }
+
+    /// Asks `partitions` of `raiser` at once, as a failover does, and returns the answers.
+    async fn ask_together(
+        raiser: &Arc<EpochRaiser>,
+        metadata: &Arc<dyn MetadataStore>,
+        partitions: &[u16],
+        cluster: bool,
+    ) -> Vec<anyhow::Result<(u64, Epoch)>> {
+        // Held, so that every ask is queued before a write starts.
+        let writing = raiser.writing.lock().await;
+        let asks: Vec<_> = partitions
+            .iter()
+            .map(|&p| {
+                let (raiser, metadata) = (raiser.clone(), metadata.clone());
+                tokio::spawn(async move {
+                    let node = NodeId("n1".into());
+                    raiser
+                        .take(metadata.as_ref(), &node, PartitionId(p), Epoch(0), cluster)
+                        .await
+                })
+            })
+            .collect();
+        while raiser.asks.lock().unwrap().len() < partitions.len() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        drop(writing);
+        let mut answers = Vec::new();
+        for ask in asks {
+            answers.push(ask.await.unwrap());
+        }
+        answers
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leaderships_asked_together_are_taken_in_one_table_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let metadata = store(&dir);
+        let raiser = Arc::new(EpochRaiser::default());
+        let answers = ask_together(&raiser, &metadata, &[0, 1, 2, 3, 4, 5, 6, 7], false).await;
+        let taken: Vec<(u64, Epoch)> = answers.into_iter().map(Result::unwrap).collect();
+        assert!(
+            taken.iter().all(|&(_, epoch)| epoch == Epoch(1)),
+            "{taken:?}"
+        );
+        assert!(
+            taken.iter().all(|&(version, _)| version == taken[0].0),
+            "not one write: {taken:?}"
+        );
+        let (version, table) =
+            get_typed::<PartitionTable>(metadata.as_ref(), PartitionTable::KEY, "partition table")
+                .await
+                .unwrap()
+                .unwrap();
+        assert_eq!(version, taken[0].0);
+        for p in 0..8 {
+            let placement = &table.partitions[&PartitionId(p)];
+            assert_eq!(placement.leader, Some(NodeId("n1".into())));
+            assert_eq!(placement.epoch, Epoch(1));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_leadership_does_not_hold_back_the_others_taken_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let metadata = store(&dir);
+        let placed = |node: &str| PartitionPlacement {
+            leader: Some(NodeId(node.into())),
+            epoch: Epoch(4),
+            followers: Vec::new(),
+        };
+        let mut table = PartitionTable::default();
+        table.partitions.insert(PartitionId(0), placed("n2"));
+        table.partitions.insert(PartitionId(1), placed("n1"));
+        cairn_metadata::put_typed(
+            metadata.as_ref(),
+            PartitionTable::KEY,
+            &table,
+            cairn_metadata::Precondition::DoesNotExist,
+        )
+        .await
+        .unwrap();
+        let raiser = Arc::new(EpochRaiser::default());
+        let mut answers = ask_together(&raiser, &metadata, &[0, 1], true).await;
+        let (_, epoch) = answers.pop().unwrap().unwrap();
+        assert_eq!(epoch, Epoch(5));
+        let refused = answers.pop().unwrap().unwrap_err().to_string();
+        assert!(
+            refused.contains("placed its leadership on node n2"),
+            "{refused}"
+        );
+    }
 }
