@@ -258,7 +258,12 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(node.grpc).is_err() {
             if !node.running() {
-                bail!("{} exited at start; see {}", node.name, node.log.display());
+                bail!(
+                    "{} exited at start; the end of {}:\n{}",
+                    node.name,
+                    node.log.display(),
+                    tail(&node.log, 20)
+                );
             }
             if Instant::now() > deadline {
                 bail!(
@@ -273,7 +278,12 @@ impl TestCluster {
         // a port of its own exits at once, while another process may hold the port).
         std::thread::sleep(Duration::from_millis(300));
         if !node.running() {
-            bail!("{} exited at start; see {}", node.name, node.log.display());
+            bail!(
+                "{} exited at start; the end of {}:\n{}",
+                node.name,
+                node.log.display(),
+                tail(&node.log, 20)
+            );
         }
         Ok(())
     }

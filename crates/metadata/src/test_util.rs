@@ -159,24 +159,47 @@ impl Drop for NatsServer {
 
 /// `count` free loopback ports, none handed out before by this process: a port found free and
 /// let go may be found free again by a test running beside (they bind later), and two servers
-/// given one port leave one of them unable to start.
+/// given one port leave one of them unable to start. They lie below the kernel's range of
+/// ephemeral ports: a port in it, free while its server is down (a node killed and started
+/// again), may meanwhile become the local end of some outgoing connection, and the server could
+/// not bind it again.
 pub fn free_ports(count: usize) -> Vec<u16> {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let (low, high) = fixed_port_range();
+    // Processes running beside each other start at different places in the range.
+    let span = u32::from(high - low);
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let start = seed % span;
     // Every listener is held until all ports are taken, so that no two are the same.
     let mut listeners = Vec::new();
     let mut ports = Vec::new();
-    while ports.len() < count {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-        let port = listener
-            .local_addr()
-            .expect("a bound listener's address")
-            .port();
-        if !given.contains(&port) {
+    for offset in 0..span {
+        if ports.len() == count {
+            break;
+        }
+        let port = low + ((start + offset) % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
             given.push(port);
             ports.push(port);
+            listeners.push(listener);
         }
-        listeners.push(listener);
     }
+    assert_eq!(ports.len(), count, "free loopback ports in {low}..{high}");
     ports
+}
+
+/// Ports for test servers: from 10000 up to the first ephemeral port.
+fn fixed_port_range() -> (u16, u16) {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (10_000, first_ephemeral.max(20_000))
 }
