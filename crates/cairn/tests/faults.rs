@@ -385,7 +385,7 @@ async fn bounded_staleness_reads_are_answered_by_followers_while_their_leader_is
                 .all(|v| v.as_deref() == Some(value.as_bytes()))
     };
     via_reader.put(probe_entries("v1")).await.unwrap();
-    // A follower read at the log's tail holds what was acknowledged.
+    // A follower read at the leader's read index holds what was acknowledged.
     let values = via_reader
         .get_with(keys.clone(), Consistency::BoundedStaleness(Duration::ZERO))
         .await
@@ -409,8 +409,8 @@ async fn bounded_staleness_reads_are_answered_by_followers_while_their_leader_is
         "the partitions failed over before the read was answered, so it proves nothing: {table:?}"
     );
 
-    // Woken up with its old values, the old leader answers a read at the tail only with what
-    // was acknowledged meanwhile.
+    // Woken up with its old values, the old leader answers a read at the read index only with
+    // what was acknowledged meanwhile.
     let paused = Instant::now();
     writes_resume(&cluster, victim, paused).await;
     via_reader.put(probe_entries("v2")).await.unwrap();

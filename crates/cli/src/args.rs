@@ -178,10 +178,11 @@ pub enum KvCommand {
 #[derive(Debug, Args)]
 pub struct Freshness {
     /// Accept values up to this old (e.g. 500ms, 2s), answered by the node's own replica of
-    /// each key when it has one, even a follower, instead of each key's leader: no hop to the
-    /// leader, and an answer while the leader is unreachable. A write acknowledged within that
-    /// time may be missing, and a later read may show an older value. 0s reads a follower at the
-    /// log's tail (as fresh as the default, one round trip to the log). Default: linearizable
+    /// each key when it has one, even a follower, instead of forwarding the key to its leader
+    /// (within the bound, also while the leader is unreachable). A write acknowledged within
+    /// that time may be missing, and a later read may show an older value. 0s is a follower
+    /// read as fresh as the default (the follower asks its leader how far to apply the log
+    /// first). Default: linearizable
     #[arg(long, value_parser = parse_staleness)]
     pub max_staleness: Option<Duration>,
 }

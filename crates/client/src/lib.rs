@@ -128,12 +128,13 @@ pub enum Consistency {
     /// every write acknowledged before the read began.
     #[default]
     Linearizable,
-    /// Any replica of a key's partition on the node the request reaches may answer (a follower
-    /// answers without a hop to the leader, and while the leader is unreachable), with what the
-    /// partition held at most this long before the request. It gives up recency (a write
-    /// acknowledged within the bound may be missing) and order (a later read may see an older
-    /// value). Zero is a follower read at the log's tail: linearizable, at the cost of a round
-    /// trip to the log.
+    /// Any replica of a key's partition on the node the request reaches may answer, with what
+    /// the partition held at most this long before the request: a follower answers once it has
+    /// applied its log up to its leader's read index asked at most this long ago (a small call
+    /// shared by the reads within the bound), and within the bound also while the leader cannot
+    /// be reached. It gives up recency (a write acknowledged within the bound may be missing)
+    /// and order (a later read may see an older value). Zero asks the read index for every
+    /// read: a linearizable follower read.
     BoundedStaleness(Duration),
 }
 

@@ -279,8 +279,8 @@ impl Actor {
         let roll = self.rng.random_range(0..100);
         let grpc = !matches!(self.kind, Kind::Resp(_));
         let batch = grpc && self.rng.random_bool(0.2);
-        // Half the gRPC reads are follower reads at the log's tail (a bounded staleness of 0),
-        // which claim to be linearizable as well: the checker holds them to it.
+        // Half the gRPC reads are follower reads at the leader's read index (a bounded staleness
+        // of 0), which claim to be linearizable as well: the checker holds them to it.
         let consistency = if grpc && self.rng.random_bool(0.5) {
             Consistency::BoundedStaleness(Duration::ZERO)
         } else {

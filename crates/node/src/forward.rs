@@ -210,6 +210,26 @@ impl Routes {
         Ok(answer.into_inner().exists)
     }
 
+    /// The read index of `partition` (see the `ReadIndex` call), asked of its leader at
+    /// `address`, within `within`.
+    pub async fn read_index(
+        &self,
+        address: &str,
+        partition: cairn_types::PartitionId,
+        within: Duration,
+    ) -> Result<cairn_types::Lsn, Status> {
+        let mut kv = self.peer(address)?.kv;
+        let mut request = mark(v1::ReadIndexRequest {
+            partition_id: u32::from(partition.0),
+        });
+        request.set_timeout(within);
+        let answer = kv
+            .read_index(request)
+            .await
+            .map_err(|s| from(address, s, Call::Read))?;
+        Ok(cairn_types::Lsn(answer.into_inner().lsn))
+    }
+
     pub async fn delete(&self, address: &str, keys: Vec<Bytes>) -> Result<(), Status> {
         let mut kv = self.peer(address)?.kv;
         let answer = kv

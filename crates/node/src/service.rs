@@ -391,6 +391,27 @@ impl KeyValueService {
         }
     }
 
+    /// The read index of `id`'s leader (see `Partition::read_index`), or why it cannot be had.
+    async fn read_index_of_leader(&self, id: PartitionId) -> Result<cairn_types::Lsn, String> {
+        match leader_route(&self.state, id).map_err(|status| status.message().to_string())? {
+            LeaderRoute::Here => {
+                let partition = self
+                    .state
+                    .partitions
+                    .slot(id)
+                    .and_then(|slot| slot.running().ok())
+                    .ok_or_else(|| "this node leads it, but does not run it".to_string())?;
+                partition.read_index().map_err(|err| err.to_string())
+            }
+            LeaderRoute::At { address, .. } => self
+                .state
+                .routes
+                .read_index(&address, id, cairn_worker::CATCH_UP_LIMIT)
+                .await
+                .map_err(|status| status.message().to_string()),
+        }
+    }
+
     /// This node's running replica of `id` (leader or follower), in a cluster.
     fn local_replica(&self, id: PartitionId) -> Option<Arc<Partition>> {
         if !self.state.config.cluster_mode() {
@@ -434,7 +455,9 @@ impl KeyValueService {
         // fresh enough, all at once; the keys of those that cannot go to their leaders.
         let checked = futures::future::join_all(replicas.into_iter().map(
             |(pid, partition, max, share, mine)| async move {
-                let read = partition.bounded_read_share(share.clone(), max).await;
+                let read = partition
+                    .bounded_read_share(share.clone(), max, || self.read_index_of_leader(pid))
+                    .await;
                 (pid, read, share, mine)
             },
         ))
@@ -877,6 +900,32 @@ impl v1::key_value_server::KeyValue for KeyValueService {
             .insert_each(&request.keys, &request.value, request.ttl_ms, forwarded)
             .await;
         insert_answer(answers, request.partial).map(Response::new)
+    }
+
+    async fn read_index(
+        &self,
+        request: Request<v1::ReadIndexRequest>,
+    ) -> Result<Response<v1::ReadIndexResponse>, Status> {
+        let partition_id = request.into_inner().partition_id;
+        let id = u16::try_from(partition_id)
+            .ok()
+            .filter(|&p| p < self.state.num_partitions())
+            .map(PartitionId)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "partition {partition_id} does not exist: the cluster has {} partitions",
+                    self.state.num_partitions()
+                ))
+            })?;
+        let partition = self
+            .state
+            .partitions
+            .slot(id)
+            .ok_or_else(|| Status::internal(format!("partition {id} is not on this node")))?
+            .running()
+            .map_err(status_of)?;
+        let lsn = partition.read_index().map_err(status_of)?;
+        Ok(Response::new(v1::ReadIndexResponse { lsn: lsn.0 }))
     }
 
     async fn write(

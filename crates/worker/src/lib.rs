@@ -189,8 +189,8 @@ pub enum Error {
     },
     /// A read that accepts a bounded staleness could not be served by this replica: it could
     /// not show, within [`CATCH_UP_LIMIT`], that it holds every write acknowledged more than
-    /// `max_staleness` ago (the log's tail could not be read, or the replica is behind it).
-    /// Nothing was done; the partition's leader can serve it.
+    /// `max_staleness` ago (its leader's read index could not be had, or the replica is behind
+    /// it). Nothing was done; the partition's leader can serve it.
     #[error(
         "partition {partition}: this replica cannot show it is at most {}ms behind its leader: \
          {reason}",

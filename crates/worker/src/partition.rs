@@ -417,26 +417,40 @@ impl Partition {
         })
     }
 
+    /// How far a replica must have applied the log to answer a read that began before this
+    /// call as this leader would (the read index): the applied LSN, which holds every write this
+    /// leader acknowledged and every record of its predecessors, given only while it serves
+    /// under its lease. See [`Partition::bounded_read_share`].
+    pub fn read_index(&self) -> Result<Lsn> {
+        self.serving()?;
+        Ok(self.applied_lsn())
+    }
+
     /// This replica's share of a read that accepts values up to `max_staleness` old: what a read
     /// at some moment at most `max_staleness` before this call would have returned, or later.
     /// The leader serves it as [`Partition::read_share`] does (linearizable). Any other replica
     /// (a follower, a leader whose lease ran out) serves it once it has shown that it holds
-    /// every write acknowledged more than `max_staleness` ago: a check reads the log's tail and
-    /// waits until it has applied up to it, so it holds every write acknowledged before the check
-    /// began (the leader acknowledges a write only once it is in the log). A check serves every
-    /// read within `max_staleness` of its start, and concurrent reads share one; a replica that
-    /// cannot finish one within [`CATCH_UP_LIMIT`] (the log unreachable, the replica far
-    /// behind) refuses with [`Error::TooStale`]. Ages are measured on this machine's boot
-    /// clock, so the bound holds as far as its rate is right.
+    /// every write acknowledged more than `max_staleness` ago: a check asks the leader's
+    /// [`Partition::read_index`] through `read_index` and waits until this replica has applied
+    /// up to it, so it holds every write acknowledged before the check began. A check serves
+    /// every read within `max_staleness` of its start, and concurrent reads share one; a replica
+    /// that cannot finish one within [`CATCH_UP_LIMIT`] (the leader unreachable, the replica far
+    /// behind) refuses with [`Error::TooStale`]. Ages are measured on this machine's boot clock,
+    /// so the bound holds as far as its rate is right.
     ///
     /// What it gives up: two such reads, even on one replica, may see the same key go back in
     /// time (the second served by a replica further behind, or by the leader before the replica
     /// catches up), and a value written after the read began may or may not be seen.
-    pub async fn bounded_read_share(
+    pub async fn bounded_read_share<F, Fut>(
         &self,
         keys: Vec<Bytes>,
         max_staleness: Duration,
-    ) -> Result<ReadShare> {
+        read_index: F,
+    ) -> Result<ReadShare>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<Lsn, String>>,
+    {
         if self.serving_epoch().is_ok() {
             return self.read_share(keys);
         }
@@ -459,14 +473,15 @@ impl Partition {
                 if self.caught_up_since(arrived, max_staleness) {
                     return Ok(());
                 }
-                self.catch_up().await
+                self.catch_up(read_index).await
             };
             match tokio::time::timeout(CATCH_UP_LIMIT, check).await {
                 Ok(Ok(())) => {}
-                Ok(Err(err)) => return Err(too_stale(err.to_string())),
+                Ok(Err(reason)) => return Err(too_stale(reason)),
                 Err(_) => {
                     return Err(too_stale(format!(
-                        "it did not apply the log up to its tail within {}ms (applied LSN {})",
+                        "it did not apply the log up to its leader's read index within {}ms \
+                         (applied LSN {})",
                         CATCH_UP_LIMIT.as_millis(),
                         self.applied_lsn()
                     )));
@@ -487,17 +502,20 @@ impl Partition {
         at != 0 && Duration::from_nanos(at).saturating_add(max_staleness) >= arrived
     }
 
-    /// Reads the log's tail and waits until this replica has applied up to it; then it holds
-    /// every write acknowledged before this began.
-    async fn catch_up(&self) -> Result<()> {
+    /// Asks the leader's read index and waits until this replica has applied up to it; then it
+    /// holds every write acknowledged before this began.
+    async fn catch_up<F, Fut>(&self, read_index: F) -> std::result::Result<(), String>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<Lsn, String>>,
+    {
         let began = BootClock.now();
-        let tail = self
-            .log
-            .find_tail()
+        let index = read_index()
             .await
-            .map_err(|err| log_error(self.id(), "read the log's tail", err))?
-            .tail;
-        self.wait_applied(tail).await?;
+            .map_err(|reason| format!("its leader's read index: {reason}"))?;
+        self.wait_applied(index)
+            .await
+            .map_err(|err| err.to_string())?;
         self.caught_up_at
             .fetch_max((began.as_nanos() as u64).max(1), Ordering::AcqRel);
         Ok(())

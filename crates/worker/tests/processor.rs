@@ -1029,13 +1029,10 @@ type LogFuture<'a, T> =
 
 /// A real local log whose reads hang once `hung` is set, as on a disk that stopped answering.
 /// (Written out by hand: this crate does not depend on `async-trait`.)
-/// The log, with reads that can be made to hang (a replica falling behind) and a tail that can
-/// be made unreadable (the log unreachable); counts the tail reads.
+/// The log, with reads that can be made to hang (a replica falling behind).
 struct HangingReads {
     log: Arc<dyn Loglet>,
     hung: std::sync::atomic::AtomicBool,
-    tail_fails: std::sync::atomic::AtomicBool,
-    tail_reads: std::sync::atomic::AtomicUsize,
 }
 
 impl HangingReads {
@@ -1043,8 +1040,6 @@ impl HangingReads {
         Arc::new(HangingReads {
             log,
             hung: std::sync::atomic::AtomicBool::new(false),
-            tail_fails: std::sync::atomic::AtomicBool::new(false),
-            tail_reads: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 }
@@ -1106,26 +1101,6 @@ impl Loglet for HangingReads {
         Self: 'f,
     {
         self.log.state()
-    }
-
-    fn find_tail<'s, 'f>(&'s self) -> LogFuture<'f, cairn_log::LogState>
-    where
-        's: 'f,
-        Self: 'f,
-    {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.tail_reads.fetch_add(1, SeqCst);
-        if self.tail_fails.load(SeqCst) {
-            let log_id = self.log.log_id();
-            return Box::pin(async move {
-                Err(cairn_log::Error::Nats {
-                    log_id,
-                    context: "read the log's stream state",
-                    source: "no server answers".into(),
-                })
-            });
-        }
-        self.log.find_tail()
     }
 }
 
@@ -1288,7 +1263,7 @@ async fn read_one(share: cairn_worker::ReadShare) -> Option<Bytes> {
 
 #[tokio::test]
 async fn a_follower_answers_a_bounded_staleness_read_only_once_it_holds_what_was_acknowledged() {
-    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::time::Duration;
     let f = Fixture::new().await;
     let (_n1_stores, n1) = f.leading_n1(1_000).await;
@@ -1303,54 +1278,70 @@ async fn a_follower_answers_a_bounded_staleness_read_only_once_it_holds_what_was
     )
     .unwrap();
     f.started.lock().unwrap().push(Arc::downgrade(&n2));
+    // The leader's read index, as a node asks it of the leader's node; counted.
+    let asked = AtomicUsize::new(0);
+    let index = || async {
+        asked.fetch_add(1, SeqCst);
+        n1.read_index().map_err(|err| err.to_string())
+    };
     n1.put(put("k", "v1", None)).await.unwrap();
-    // Not its leader: a linearizable read is refused, a follower read at the tail is answered.
+    // Not its leader: a linearizable read is refused, a follower read at the read index is
+    // answered.
     assert!(matches!(
         n2.get(&[key("k")]).await,
         Err(Error::NotLeader { .. })
     ));
-    let share = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    let share = n2
+        .bounded_read_share(vec![key("k")], Duration::ZERO, index)
+        .await;
     assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v1"[..]));
 
     // The follower falls behind: what the leader acknowledges now, it cannot apply.
     log.hung.store(true, SeqCst);
     n1.put(put("k", "v2", None)).await.unwrap();
-    // Within a long bound, the check just made still vouches for it: no round trip to the log,
-    // and an answer that may be old.
-    let tail_reads = log.tail_reads.load(SeqCst);
+    // Within a long bound, the check just made still vouches for it: the leader is not asked,
+    // and the answer may be old.
+    let before = asked.load(SeqCst);
     let share = n2
-        .bounded_read_share(vec![key("k")], Duration::from_secs(3600))
+        .bounded_read_share(vec![key("k")], Duration::from_secs(3600), index)
         .await;
     assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v1"[..]));
-    assert_eq!(
-        log.tail_reads.load(SeqCst),
-        tail_reads,
-        "the check was not reused"
-    );
-    // At the tail, it cannot show it holds v2, and refuses rather than answer v1.
-    let refused = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    assert_eq!(asked.load(SeqCst), before, "the check was not reused");
+    // At the read index, it cannot show it holds v2, and refuses rather than answer v1.
+    let refused = n2
+        .bounded_read_share(vec![key("k")], Duration::ZERO, index)
+        .await;
     let Err(err @ Error::TooStale { .. }) = refused else {
-        panic!("a replica behind the tail answered a read at the tail");
+        panic!("a replica behind its leader answered a read at the read index");
     };
     assert!(err.to_string().contains("did not apply the log"), "{err}");
 
     // Caught up again, it answers with v2.
     log.hung.store(false, SeqCst);
-    let share = n2.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    let share = n2
+        .bounded_read_share(vec![key("k")], Duration::ZERO, index)
+        .await;
     assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v2"[..]));
 
-    // A log it cannot reach: refused once the last check is older than the bound, with why.
-    log.tail_fails.store(true, SeqCst);
+    // A leader it cannot reach: refused once the last check is older than the bound, with why.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let refused = n2
-        .bounded_read_share(vec![key("k")], Duration::from_millis(10))
+        .bounded_read_share(vec![key("k")], Duration::from_millis(10), || async {
+            Err("no answer from its node".to_string())
+        })
         .await;
     let Err(err @ Error::TooStale { .. }) = refused else {
-        panic!("a replica that cannot read the log's tail answered past its bound");
+        panic!("a replica that cannot ask its leader answered past its bound");
     };
-    assert!(err.to_string().contains("no server answers"), "{err}");
-    // The leader answers under its lease, without asking the log.
-    let share = n1.bounded_read_share(vec![key("k")], Duration::ZERO).await;
+    assert!(err.to_string().contains("no answer from its node"), "{err}");
+    // A replica that is not the leader gives no read index; the leader answers under its lease,
+    // without asking anyone.
+    assert!(matches!(n2.read_index(), Err(Error::NotLeader { .. })));
+    let share = n1
+        .bounded_read_share(vec![key("k")], Duration::ZERO, || async {
+            Err("not to be asked".to_string())
+        })
+        .await;
     assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v2"[..]));
     f.stop().await;
 }
