@@ -180,9 +180,10 @@ pub struct Freshness {
     /// Accept values up to this old (e.g. 500ms, 2s), answered by the node's own replica of
     /// each key when it has one, even a follower, instead of forwarding the key to its leader
     /// (within the bound, also while the leader is unreachable). A write acknowledged within
-    /// that time may be missing, and a later read may show an older value. 0s is a follower
-    /// read as fresh as the default (the follower asks its leader how far to apply the log
-    /// first). Default: linearizable
+    /// that time may be missing, and a later read may show an older value. With 0s the answer
+    /// holds every write acknowledged before it (the follower asks its leader how far to apply
+    /// the log first), but it is still not linearizable: it may show a write not yet
+    /// acknowledged that the leader does not show yet. Default: linearizable
     #[arg(long, value_parser = parse_staleness)]
     pub max_staleness: Option<Duration>,
 }

@@ -133,8 +133,10 @@ pub enum Consistency {
     /// applied its log up to its leader's read index asked at most this long ago (a small call
     /// shared by the reads within the bound), and within the bound also while the leader cannot
     /// be reached. It gives up recency (a write acknowledged within the bound may be missing)
-    /// and order (a later read may see an older value). Zero asks the read index for every
-    /// read: a linearizable follower read.
+    /// and order (a later read may see an older value), so it is not linearizable even with
+    /// zero (a follower may show a write not yet acknowledged, which the leader does not show
+    /// yet); zero asks the read index for every read, so the answer holds every write
+    /// acknowledged before the request.
     BoundedStaleness(Duration),
 }
 

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use cairn_checker::{Call, Outcome, Output, Recorder};
-use cairn_client::{Client, ClientOptions, Consistency, PutEntry, RoutingClient, RoutingOptions};
+use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient, RoutingOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -185,8 +185,8 @@ struct Actor {
 
 /// One operation, chosen at random.
 enum Op {
-    Get(usize, Consistency),
-    Exists(usize, Consistency),
+    Get(usize),
+    Exists(usize),
     Put(Vec<usize>, Option<u64>),
     Delete(usize),
     Insert(Vec<usize>, Option<u64>),
@@ -277,18 +277,10 @@ impl Actor {
             chosen
         };
         let roll = self.rng.random_range(0..100);
-        let grpc = !matches!(self.kind, Kind::Resp(_));
-        let batch = grpc && self.rng.random_bool(0.2);
-        // Half the gRPC reads are follower reads at the leader's read index (a bounded staleness
-        // of 0), which claim to be linearizable as well: the checker holds them to it.
-        let consistency = if grpc && self.rng.random_bool(0.5) {
-            Consistency::BoundedStaleness(Duration::ZERO)
-        } else {
-            Consistency::Linearizable
-        };
+        let batch = !matches!(self.kind, Kind::Resp(_)) && self.rng.random_bool(0.2);
         match roll {
-            0..30 => Op::Get(key(&mut self.rng), consistency),
-            30..40 => Op::Exists(key(&mut self.rng), consistency),
+            0..30 => Op::Get(key(&mut self.rng)),
+            30..40 => Op::Exists(key(&mut self.rng)),
             40..65 => {
                 let keys = if batch {
                     several(&mut self.rng)
@@ -334,17 +326,17 @@ impl Actor {
 
     async fn grpc(&mut self, client: GrpcClient<'_>, op: Op) -> bool {
         match op {
-            Op::Get(k, consistency) => {
+            Op::Get(k) => {
                 let pending = self.record(k, Call::Get);
-                let outcome = match client.get(vec![key(k)], consistency).await {
+                let outcome = match client.get(vec![key(k)]).await {
                     Ok(mut values) => Outcome::Ok(Output::Value(values.remove(0))),
                     Err(err) => read_failure(&err),
                 };
                 self.done(pending, outcome);
             }
-            Op::Exists(k, consistency) => {
+            Op::Exists(k) => {
                 let pending = self.record(k, Call::Exists);
-                let outcome = match client.exists(vec![key(k)], consistency).await {
+                let outcome = match client.exists(vec![key(k)]).await {
                     Ok(found) => Outcome::Ok(Output::Bool(found[0])),
                     Err(err) => read_failure(&err),
                 };
@@ -416,8 +408,8 @@ impl Actor {
 
     async fn resp(&mut self, mut connection: redis::aio::MultiplexedConnection, op: Op) -> bool {
         let (k, call, command) = match op {
-            Op::Get(k, _) => (k, Call::Get, redis::cmd("GET").arg(key(k).as_ref()).clone()),
-            Op::Exists(k, _) => (
+            Op::Get(k) => (k, Call::Get, redis::cmd("GET").arg(key(k).as_ref()).clone()),
+            Op::Exists(k) => (
                 k,
                 Call::Exists,
                 redis::cmd("EXISTS").arg(key(k).as_ref()).clone(),
@@ -536,25 +528,17 @@ enum GrpcClient<'a> {
 }
 
 impl GrpcClient<'_> {
-    async fn get(
-        &self,
-        keys: Vec<Bytes>,
-        consistency: Consistency,
-    ) -> cairn_client::Result<Vec<Option<Bytes>>> {
+    async fn get(&self, keys: Vec<Bytes>) -> cairn_client::Result<Vec<Option<Bytes>>> {
         match self {
-            GrpcClient::Routing(c) => c.get_with(keys, consistency).await,
-            GrpcClient::One(c) => c.get_with(keys, consistency).await,
+            GrpcClient::Routing(c) => c.get(keys).await,
+            GrpcClient::One(c) => c.get(keys).await,
         }
     }
 
-    async fn exists(
-        &self,
-        keys: Vec<Bytes>,
-        consistency: Consistency,
-    ) -> cairn_client::Result<Vec<bool>> {
+    async fn exists(&self, keys: Vec<Bytes>) -> cairn_client::Result<Vec<bool>> {
         match self {
-            GrpcClient::Routing(c) => c.exists_with(keys, consistency).await,
-            GrpcClient::One(c) => c.exists_with(keys, consistency).await,
+            GrpcClient::Routing(c) => c.exists(keys).await,
+            GrpcClient::One(c) => c.exists(keys).await,
         }
     }
 

@@ -48,6 +48,10 @@ struct Args {
     cairn_bin: Option<PathBuf>,
 }
 
+/// Failed load requests kept, and shown per period, with their errors.
+const FAILURES_KEPT: usize = 10_000;
+const FAILURES_SHOWN: usize = 3;
+
 /// When each load request ended, and how long it took (`None`: it failed).
 type Samples = Arc<Mutex<Vec<(Instant, Option<Duration>)>>>;
 
@@ -75,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(15),
     };
     let samples: Samples = Arc::default();
+    let failures: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
     let stop = tokio_util::sync::CancellationToken::new();
     let mut load = Vec::new();
     for c in 0..args.clients {
@@ -82,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .context("connect a load client")?;
         let (samples, stop, batch) = (samples.clone(), stop.clone(), args.batch);
+        let failures = failures.clone();
         load.push(tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.is_cancelled() {
@@ -96,6 +102,12 @@ async fn main() -> anyhow::Result<()> {
                 let asked = Instant::now();
                 let answer = client.put(entries).await;
                 let ended = Instant::now();
+                if let Err(err) = &answer {
+                    let mut seen = failures.lock().unwrap();
+                    if seen.len() < FAILURES_KEPT {
+                        seen.push((ended, format!("{err}")));
+                    }
+                }
                 let took = answer.is_ok().then(|| ended - asked);
                 samples.lock().unwrap().push((ended, took));
                 if took.is_none() {
@@ -173,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
     let before: Vec<_> = periods.iter().map(|&(k, _, _)| (k - window, k)).collect();
     let during: Vec<_> = periods.iter().map(|&(k, r, _)| (k, r)).collect();
     let after: Vec<_> = periods.iter().map(|&(_, r, a)| (r, a)).collect();
+    let failures = failures.lock().unwrap().clone();
     for (label, spans) in [("before", before), ("during", during), ("after", after)] {
         println!(
             "load ({} clients, puts of {} keys) {label:>6}: {}",
@@ -180,6 +193,14 @@ async fn main() -> anyhow::Result<()> {
             args.batch,
             summary(&samples, &spans, args.batch)
         );
+        let within = |at: &Instant| spans.iter().any(|(from, to)| at >= from && at < to);
+        for (_, failure) in failures
+            .iter()
+            .filter(|(at, _)| within(at))
+            .take(FAILURES_SHOWN)
+        {
+            println!("  failed: {failure}");
+        }
     }
     Ok(())
 }
