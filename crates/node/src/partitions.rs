@@ -276,6 +276,8 @@ pub(crate) struct Partitions {
     pub table_version: AtomicU64,
     /// Takes the leaderships asked at once in one write of the table.
     epochs: EpochRaiser,
+    /// Ticks whenever this node starts serving a partition as its leader.
+    led: tokio::sync::watch::Sender<()>,
     /// Every processor this node started, whichever slot state it got to: a bring-up, reconcile
     /// or restore cut short by shutdown leaves one that no slot holds, and shutdown waits for it
     /// all the same (a processor thread still in RocksDB when the process exits makes RocksDB
@@ -352,6 +354,7 @@ impl Partitions {
             lease: config.lease,
             table_version: AtomicU64::new(0),
             epochs: EpochRaiser::default(),
+            led: tokio::sync::watch::channel(()).0,
             started: Arc::default(),
         })
     }
@@ -441,6 +444,7 @@ impl Partitions {
                     let started = Instant::now();
                     match self.lead(&partition).await {
                         Ok(()) => {
+                            self.led.send_replace(());
                             self.metrics.record_takeover(started.elapsed());
                             info!(
                                 partition = %slot.id,
@@ -491,6 +495,17 @@ impl Partitions {
             info!(partition = %slot.id, "leading");
         }
         slot.set(SlotState::Running(partition));
+        if role == Role::Leader {
+            self.led.send_replace(());
+        }
+    }
+
+    /// Ends when this node next starts serving a partition as its leader.
+    pub async fn led_anew(&self) {
+        let mut led = self.led.subscribe();
+        if led.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     pub fn slots(&self) -> &[Slot] {

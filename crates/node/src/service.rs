@@ -541,10 +541,16 @@ impl KeyValueService {
     }
 
     /// Waits before sending a refused share again: `pause`, or until the routes change (the
-    /// failover it waits for is decided), whichever comes first. The next pause doubles, or
-    /// starts again from the first after a change.
+    /// failover it waits for is decided) or this node starts leading a partition (one it was
+    /// taking over), whichever comes first. The next pause doubles, or starts again from the
+    /// first after a change.
     async fn wait_to_retry(&self, pause: &mut std::time::Duration) {
-        if self.state.routes.changed_within(*pause).await {
+        // A share this node refused while taking the partition over is served once it leads.
+        let woken = tokio::select! {
+            changed = self.state.routes.changed_within(*pause) => changed,
+            () = self.state.partitions.led_anew() => true,
+        };
+        if woken {
             *pause = RETRY_PAUSE_FIRST;
         } else {
             *pause = (*pause * 2).min(RETRY_PAUSE_MAX);
