@@ -258,12 +258,7 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(node.grpc).is_err() {
             if !node.running() {
-                bail!(
-                    "{} exited at start; the end of {}:\n{}",
-                    node.name,
-                    node.log.display(),
-                    tail(&node.log, 20)
-                );
+                return Err(exited_at_start(node));
             }
             if Instant::now() > deadline {
                 bail!(
@@ -278,12 +273,7 @@ impl TestCluster {
         // a port of its own exits at once, while another process may hold the port).
         std::thread::sleep(Duration::from_millis(300));
         if !node.running() {
-            bail!(
-                "{} exited at start; the end of {}:\n{}",
-                node.name,
-                node.log.display(),
-                tail(&node.log, 20)
-            );
+            return Err(exited_at_start(node));
         }
         Ok(())
     }
@@ -501,6 +491,16 @@ async fn jetstream_ready(urls: &[String], within: Duration) -> anyhow::Result<()
             }
         }
     }
+}
+
+/// A node that exited while it started, with the end of its log, which says why.
+fn exited_at_start(node: &Node) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} exited at start; the end of {}:\n{}",
+        node.name,
+        node.log.display(),
+        tail(&node.log, 20)
+    )
 }
 
 /// What was written to the log at `path` past its first `offset` bytes.
