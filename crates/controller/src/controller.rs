@@ -647,6 +647,8 @@ mod tests {
         clock: Arc<ManualClock>,
         members: Vec<Arc<Member>>,
         events: Arc<Mutex<Vec<ControllerEvent>>>,
+        /// Time since the members last heartbeated, kept from one [`Cluster::run`] to the next.
+        since_beat: Mutex<Duration>,
     }
 
     fn record(name: &str) -> NodeRecord {
@@ -689,6 +691,7 @@ mod tests {
                 clock,
                 members,
                 events: Arc::default(),
+                since_beat: Mutex::new(Duration::ZERO),
             }
         }
 
@@ -711,17 +714,24 @@ mod tests {
         }
 
         /// Moves time on by `by` in steps of one observation, the members in `beating`
-        /// heartbeating every heartbeat interval and the controllers ticking every step.
+        /// heartbeating every heartbeat interval (counted over every run) and the controllers
+        /// ticking every step.
         async fn run(&self, by: Duration, beating: &[usize], controllers: &mut [&mut Controller]) {
             let step = Timing::new(T).observe_interval();
             let mut elapsed = Duration::ZERO;
-            let mut since_beat = Duration::ZERO;
             while elapsed < by {
                 self.clock.advance(step);
                 elapsed += step;
-                since_beat += step;
-                if since_beat >= Timing::new(T).heartbeat_interval() {
-                    since_beat = Duration::ZERO;
+                let beat = {
+                    let mut since_beat = self.since_beat.lock().unwrap();
+                    *since_beat += step;
+                    let due = *since_beat >= Timing::new(T).heartbeat_interval();
+                    if due {
+                        *since_beat = Duration::ZERO;
+                    }
+                    due
+                };
+                if beat {
                     for &i in beating {
                         let _ = self.members[i].heartbeat().await;
                     }
@@ -767,7 +777,9 @@ mod tests {
     async fn a_silent_node_is_written_dead_and_its_partitions_move_to_its_followers() {
         let cluster = Cluster::new(&["n1", "n2", "n3"]).await;
         let mut controller = cluster.controller("n1", 6);
-        cluster.run(T / 3, &[0, 1, 2], &mut [&mut controller]).await;
+        // One heartbeat interval: every member has beaten once when it ends.
+        let beat = Timing::new(T).heartbeat_interval();
+        cluster.run(beat, &[0, 1, 2], &mut [&mut controller]).await;
         let placed = cluster.table().await;
         assert_eq!(placed.controller_term, 1);
         let of_n2 = led_by(&placed, "n2");

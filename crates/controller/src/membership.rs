@@ -162,17 +162,26 @@ impl Member {
         self.record.lock().await.1.clone()
     }
 
-    /// Heartbeats every [`Timing::heartbeat_interval`] until `cancel` fires. Returns early, having
+    /// Heartbeats every [`Timing::heartbeat_interval`] (counted from when the last one was sent,
+    /// so that the time a write takes does not stretch the interval), and again after
+    /// [`Timing::heartbeat_retry`] when one failed, until `cancel` fires. Returns early, having
     /// cancelled `cancel`, if another process took this node's name: two nodes of one name would
     /// both lead what the table gives that name.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut failing_since: Option<u64> = None;
+        let mut next = tokio::time::Instant::now() + self.timing.heartbeat_interval();
         loop {
             tokio::select! {
-                () = tokio::time::sleep(self.timing.heartbeat_interval()) => {}
+                () = tokio::time::sleep_until(next) => {}
                 () = cancel.cancelled() => return,
             }
-            match self.heartbeat().await {
+            let sent = tokio::time::Instant::now();
+            let beat = self.heartbeat().await;
+            next = match &beat {
+                Ok(()) => sent + self.timing.heartbeat_interval(),
+                Err(_) => tokio::time::Instant::now() + self.timing.heartbeat_retry(),
+            };
+            match beat {
                 Ok(()) => {
                     if let Some(since) = failing_since.take() {
                         info!(
