@@ -25,12 +25,15 @@
 //! says who should run what, and whether this node may still serve as a leader.
 
 pub use cairn_types::clock;
+pub mod balance;
 pub mod controller;
+mod flow;
 pub mod lease;
 pub mod membership;
 pub mod plan;
 pub mod silence;
 
+pub use balance::{Move, Rebalance, RebalanceError, rebalance};
 pub use clock::{BootClock, ManualClock, MonotonicClock};
 pub use controller::{ClusterView, Controller, ControllerEvent, ControllerOptions, NodeView};
 pub use lease::{LeaseGrant, LeaseLapsed, NodeLease};
