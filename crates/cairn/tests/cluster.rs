@@ -180,6 +180,108 @@ async fn resp_on_every_node(nodes: &[Server]) {
     assert_eq!(admitted.len(), contested);
 }
 
+/// `cluster plan` on a placed three-node cluster of 16 partitions with one standby, every
+/// partition written to and partition `snapshotted` snapshotted as `snapshot`.
+fn scaling_previews(addresses: &[String], snapshotted: usize, snapshot: &str) {
+    let before = ok(cairnctl(&addresses[0], &["partitions", "list"]));
+    let plan = |nodes: &str| -> serde_json::Value {
+        serde_json::from_str(&ok(cairnctl(
+            &addresses[1],
+            &["cluster", "plan", "--nodes", nodes, "-o", "json"],
+        )))
+        .unwrap()
+    };
+    let role_counts = |plan: &serde_json::Value| -> HashMap<String, (u64, u64)> {
+        plan["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let name = n["name"].as_str().unwrap().to_string();
+                (
+                    name,
+                    (
+                        n["leads_after"].as_u64().unwrap(),
+                        n["follows_after"].as_u64().unwrap(),
+                    ),
+                )
+            })
+            .collect()
+    };
+
+    // Out: n4 takes 4 leaderships and 4 followings, each a copy to n4 and nothing else copied.
+    let out = plan("n1,n2,n3,n4");
+    let counts = role_counts(&out);
+    for name in ["n1", "n2", "n3", "n4"] {
+        assert_eq!(counts[name], (4, 4), "{name}: {out:#}");
+    }
+    let copies: Vec<&serde_json::Value> = out["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["copies"] == true)
+        .collect();
+    assert_eq!(copies.len(), 8, "{out:#}");
+    for copy in &copies {
+        assert_eq!(copy["to"], "n4", "{copy:#}");
+        // A copy loads the newest snapshot and replays the log past it, or the whole log.
+        if copy["partition_id"] == snapshotted as u64 {
+            assert_eq!(copy["snapshot_id"], snapshot, "{copy:#}");
+            assert!(copy["snapshot_bytes"].as_u64().unwrap() > 0, "{copy:#}");
+        } else {
+            assert!(copy["snapshot_id"].is_null(), "{copy:#}");
+            assert!(copy["log_records"].as_u64().unwrap() > 0, "{copy:#}");
+        }
+    }
+    let n4 = out["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "n4")
+        .unwrap();
+    assert_eq!(n4["state"], "not joined");
+    let moved: std::collections::HashSet<u64> = out["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["partition_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(out["unmoved"].as_u64().unwrap() + moved.len() as u64, 16);
+
+    // In: two nodes lead 8 and follow 8 each, n3's roles gone.
+    let two = plan("n2,n1");
+    let counts = role_counts(&two);
+    assert_eq!(
+        (counts["n1"], counts["n2"], counts["n3"]),
+        ((8, 8), (8, 8), (0, 0)),
+        "{two:#}"
+    );
+
+    // The table says the same for people, with what stands in the way.
+    let table = ok(cairnctl(
+        &addresses[2],
+        &["cluster", "plan", "--nodes", "n1,n2,n3,n4"],
+    ));
+    assert!(table.contains("8 of them copies"), "{table}");
+    assert!(table.contains("n4 has not joined the cluster"), "{table}");
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["cluster", "plan", "--nodes", "n1,n1"],
+    ));
+    assert!(err.contains("node n1 is named twice"), "{err}");
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["cluster", "plan", "--nodes", "n1,bad name"],
+    ));
+    assert!(err.contains("is not a node name"), "{err}");
+
+    // Asking moved nothing.
+    assert_eq!(
+        placement(&ok(cairnctl(&addresses[0], &["partitions", "list"]))),
+        placement(&before)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -353,6 +455,10 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
             "partition {p}"
         );
     }
+
+    // A preview of scaling out to a fourth node, and in to two: balanced, the least copied, and
+    // nothing changed by asking.
+    scaling_previews(&addresses, partition, &id);
 
     // Every process stopped and started again: all data there.
     for node in nodes.drain(..) {

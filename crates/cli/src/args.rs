@@ -93,6 +93,26 @@ pub enum Command {
 pub enum ClusterCommand {
     /// Show which node holds the controller's lease, the node timeout, and each node's state
     Status,
+    /// Preview where every partition would run on the nodes named, balanced, moving as little as
+    /// it can: each role that changes node, what a copy means in bytes, and how many partitions
+    /// stay put. Changes nothing
+    Plan {
+        /// Every node of the cluster after the change, by name: add names to scale out, leave
+        /// some out to scale in
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// How to print the plan
+        #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+}
+
+/// How a command prints what it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    /// One JSON document (sizes in bytes), for scripts
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

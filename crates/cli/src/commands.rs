@@ -39,6 +39,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Snapshots(command) => snapshots(&client, global, command).await,
         Command::Nodes(NodesCommand::List) => nodes_list(&client, global).await,
         Command::Cluster(ClusterCommand::Status) => cluster_status(&client).await,
+        Command::Cluster(ClusterCommand::Plan { nodes, output }) => {
+            crate::scaling::cluster_plan(&client, global, nodes, output).await
+        }
     }
 }
 

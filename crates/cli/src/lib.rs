@@ -8,6 +8,7 @@ mod args;
 mod commands;
 mod export;
 mod output;
+mod scaling;
 
 pub use args::Cli;
 pub use output::show_bytes_count;

@@ -510,6 +510,16 @@ impl Client {
         Ok(response.into_inner().nodes)
     }
 
+    /// Previews the balanced placement of every partition on `nodes`; changes nothing.
+    pub async fn plan_placement(&self, nodes: Vec<String>) -> Result<v1::PlanPlacementResponse> {
+        self.admin
+            .clone()
+            .plan_placement(v1::PlanPlacementRequest { nodes })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
     pub async fn describe_cluster(&self) -> Result<v1::DescribeClusterResponse> {
         self.admin
             .clone()

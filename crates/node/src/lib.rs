@@ -14,6 +14,7 @@ mod node;
 mod open_files;
 mod partitions;
 mod resp;
+mod scaling;
 mod service;
 pub mod tools;
 mod validate;

@@ -1226,6 +1226,15 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(v1::ListNodesResponse { nodes }))
     }
 
+    async fn plan_placement(
+        &self,
+        request: Request<v1::PlanPlacementRequest>,
+    ) -> Result<Response<v1::PlanPlacementResponse>, Status> {
+        crate::scaling::plan_placement(&self.state, request.into_inner().nodes)
+            .await
+            .map(Response::new)
+    }
+
     async fn describe_cluster(
         &self,
         _request: Request<v1::DescribeClusterRequest>,

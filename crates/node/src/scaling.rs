@@ -1,0 +1,254 @@
+//! Scaling a cluster: the preview of where every partition would run on another set of nodes
+//! (`cluster plan`), from the controller's pure planner ([`cairn_controller::rebalance`]) and,
+//! for every partition a node would copy, what the copy is made of (the newest snapshot in the
+//! repository and the log records past it).
+
+use crate::node::NodeState;
+use cairn_api::v1;
+use cairn_controller::{NodeCondition, PlacementOptions, RebalanceError};
+use cairn_metadata::{PartitionTable, get_typed};
+use cairn_types::{KeyRange, NodeId, PartitionId};
+use std::collections::{BTreeMap, BTreeSet};
+use tonic::Status;
+
+/// The most nodes one plan may name.
+const NODES_MAX: usize = 1024;
+
+/// What moves if every partition is placed, balanced, on `names`; changes nothing.
+pub async fn plan_placement(
+    state: &NodeState,
+    names: Vec<String>,
+) -> Result<v1::PlanPlacementResponse, Status> {
+    if !state.config.cluster_mode() {
+        return Err(Status::failed_precondition(
+            "this node runs alone ([log] provider = \"local\"): it has no other nodes to place partitions on; plans are for a cluster",
+        ));
+    }
+    let on = parse_nodes(names)?;
+    let (version, table) = get_typed::<PartitionTable>(
+        state.metadata.as_ref(),
+        PartitionTable::KEY,
+        "the partition table",
+    )
+    .await
+    .map_err(|err| {
+        Status::unavailable(format!(
+            "read the partition table from the metadata store: {err}; retry shortly"
+        ))
+    })?
+    .ok_or_else(|| {
+        Status::failed_precondition(
+            "the cluster has not placed its partitions yet (it waits for its initial nodes): there is nothing to move",
+        )
+    })?;
+    let num_partitions = state.num_partitions();
+    let options = PlacementOptions {
+        num_partitions,
+        initial_nodes: state.config.cluster.initial_nodes,
+        standbys: state.config.cluster.standbys,
+    };
+    let plan = cairn_controller::rebalance(&table, &on, &options).map_err(|err| match err {
+        RebalanceError::NoNodes => Status::invalid_argument(
+            "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
+        ),
+        RebalanceError::NoPartitions => Status::failed_precondition(err.to_string()),
+    })?;
+
+    let copied: BTreeSet<PartitionId> = plan
+        .moves
+        .iter()
+        .filter(|m| m.copies)
+        .map(|m| m.partition)
+        .collect();
+    let sizes = copy_sizes(state, &copied).await;
+    let moves = plan
+        .moves
+        .iter()
+        .map(|m| {
+            let range = KeyRange::of_partition(m.partition, num_partitions);
+            let mut planned = v1::PlannedMove {
+                partition_id: u32::from(m.partition.0),
+                key_range_start: range.start,
+                key_range_end: range.end,
+                role: match m.role {
+                    cairn_controller::plan::Role::Leader => "leader",
+                    _ => "follower",
+                }
+                .into(),
+                from: m.from.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                to: m.to.as_ref().map(|n| n.0.clone()).unwrap_or_default(),
+                copies: m.copies,
+                ..Default::default()
+            };
+            if m.copies {
+                match sizes.get(&m.partition) {
+                    Some(Ok(size)) => {
+                        planned.snapshot_id = size.snapshot_id.clone();
+                        planned.snapshot_bytes = size.snapshot_bytes;
+                        planned.log_records = size.log_records;
+                    }
+                    Some(Err(why)) => planned.size_unknown = why.clone(),
+                    None => {}
+                }
+            }
+            planned
+        })
+        .collect();
+
+    let before = cairn_controller::plan::led_and_followed(&table);
+    let after = cairn_controller::plan::led_and_followed(&plan.table);
+    let states = node_states(state);
+    let mut names: BTreeSet<NodeId> = on.clone();
+    names.extend(before.keys().cloned());
+    names.extend(after.keys().cloned());
+    let nodes = names
+        .into_iter()
+        .map(|name| {
+            let (leads_before, follows_before) = before.get(&name).copied().unwrap_or_default();
+            let (leads_after, follows_after) = after.get(&name).copied().unwrap_or_default();
+            v1::PlannedNode {
+                state: states
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(|| "not joined".into()),
+                name: name.0,
+                leads_before: leads_before as u32,
+                follows_before: follows_before as u32,
+                leads_after: leads_after as u32,
+                follows_after: follows_after as u32,
+            }
+        })
+        .collect();
+    Ok(v1::PlanPlacementResponse {
+        num_partitions: u32::from(num_partitions),
+        standbys: options.standbys.min(on.len() - 1) as u32,
+        moves,
+        nodes,
+        unmoved: plan.unmoved as u32,
+        partition_table_version: version,
+    })
+}
+
+/// The node names of a request: each valid, none twice.
+fn parse_nodes(names: Vec<String>) -> Result<BTreeSet<NodeId>, Status> {
+    if names.is_empty() {
+        return Err(Status::invalid_argument(
+            "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
+        ));
+    }
+    if names.len() > NODES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "{} nodes named; a plan places partitions on at most {NODES_MAX}",
+            names.len()
+        )));
+    }
+    let mut on = BTreeSet::new();
+    for name in names {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+        if !valid {
+            return Err(Status::invalid_argument(format!(
+                "{name:?} is not a node name: names are 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        if !on.insert(NodeId(name.clone())) {
+            return Err(Status::invalid_argument(format!(
+                "node {name} is named twice; name each node once"
+            )));
+        }
+    }
+    Ok(on)
+}
+
+/// What a node copying a partition loads: the newest snapshot and the log past it.
+struct CopySize {
+    snapshot_id: String,
+    snapshot_bytes: u64,
+    log_records: u64,
+}
+
+/// Per partition in `partitions`, what a copy of it is made of, or why that is not known.
+async fn copy_sizes(
+    state: &NodeState,
+    partitions: &BTreeSet<PartitionId>,
+) -> BTreeMap<PartitionId, Result<CopySize, String>> {
+    if partitions.is_empty() {
+        return BTreeMap::new();
+    }
+    // The newest snapshot of each partition, if the repository can be read.
+    let newest: Result<BTreeMap<PartitionId, (String, u64, u64)>, String> = match &state.snapshots {
+        None => Ok(BTreeMap::new()),
+        Some(snapshots) => match snapshots.repository().list(None).await {
+            Ok(listing) => {
+                let mut newest: BTreeMap<PartitionId, (String, u64, u64)> = BTreeMap::new();
+                for s in listing.snapshots {
+                    let candidate = (s.snapshot_id.to_string(), s.size, s.min_applied_lsn.0);
+                    let entry = newest.entry(s.partition_id).or_insert(candidate.clone());
+                    if candidate.2 > entry.2 {
+                        *entry = candidate;
+                    }
+                }
+                Ok(newest)
+            }
+            Err(err) => Err(format!("the snapshot repository cannot be listed: {err}")),
+        },
+    };
+    let tails = futures::future::join_all(partitions.iter().map(|&id| async move {
+        let Some(slot) = state.partitions.slot(id) else {
+            return (id, Err("no such partition".to_string()));
+        };
+        // From the log itself: what this node knows of a log it does not run may be nothing.
+        let log = slot
+            .log()
+            .find_tail()
+            .await
+            .map_err(|err| format!("log {id}: {}", slot.log_problem(&err)));
+        (id, log.map(|s| (s.trim_point.0, s.tail.0)))
+    }))
+    .await;
+    tails
+        .into_iter()
+        .map(|(id, log)| {
+            let size = match (&newest, log) {
+                (Err(why), _) => Err(why.clone()),
+                (_, Err(why)) => Err(why),
+                (Ok(newest), Ok((trim_point, tail))) => Ok(match newest.get(&id) {
+                    Some((snapshot_id, bytes, lsn)) => CopySize {
+                        snapshot_id: snapshot_id.clone(),
+                        snapshot_bytes: *bytes,
+                        log_records: tail.saturating_sub(*lsn),
+                    },
+                    None => CopySize {
+                        snapshot_id: String::new(),
+                        snapshot_bytes: 0,
+                        log_records: tail.saturating_sub(trim_point),
+                    },
+                }),
+            };
+            (id, size)
+        })
+        .collect()
+}
+
+/// Each member's state as this node observes it (`silent` for a record that stopped changing).
+fn node_states(state: &NodeState) -> BTreeMap<NodeId, String> {
+    let Some(view) = &state.cluster_view else {
+        return BTreeMap::new();
+    };
+    view.borrow()
+        .nodes
+        .iter()
+        .filter_map(|node| {
+            let record = node.record.as_ref()?;
+            let shown = match node.condition {
+                NodeCondition::Serving => String::new(),
+                NodeCondition::Silent => "silent".into(),
+                _ => record.state.as_str().to_string(),
+            };
+            Some((node.name.clone(), shown))
+        })
+        .collect()
+}
