@@ -280,6 +280,84 @@ fn scaling_previews(addresses: &[String], snapshotted: usize, snapshot: &str) {
         placement(&ok(cairnctl(&addresses[0], &["partitions", "list"]))),
         placement(&before)
     );
+
+    // With --upload, the leaders publish a snapshot of exactly the partitions n4 would copy.
+    let copied: std::collections::BTreeSet<u64> = copies
+        .iter()
+        .map(|m| m["partition_id"].as_u64().unwrap())
+        .collect();
+    let uploaded = ok(cairnctl(
+        &addresses[0],
+        &["cluster", "plan", "--nodes", "n1,n2,n3,n4", "--upload"],
+    ));
+    assert!(
+        uploaded.contains(&format!(
+            "uploading fresh snapshots of the {} partitions",
+            copied.len()
+        )),
+        "{uploaded}"
+    );
+    let snapshotted_now = |address: &str| -> std::collections::BTreeSet<u64> {
+        ok(cairnctl(address, &["snapshots", "list"]))
+            .lines()
+            .skip(1)
+            .filter_map(|row| row.split_whitespace().nth(1)?.parse().ok())
+            .collect()
+    };
+    let mut expected = copied.clone();
+    expected.insert(snapshotted as u64);
+    assert_eq!(snapshotted_now(&addresses[1]), expected);
+
+    // A chosen set of partitions, then every partition one node leads.
+    let created = ok(cairnctl(
+        &addresses[2],
+        &["snapshots", "create", "-p", "0,1"],
+    ));
+    assert_eq!(created.matches("Snapshot ").count(), 2, "{created}");
+    expected.extend([0, 1]);
+    assert_eq!(snapshotted_now(&addresses[1]), expected);
+    let placed = placement(&before);
+    let of_n3: Vec<u64> = (0..placed.len() as u64)
+        .filter(|&p| placed[p as usize].0 == "n3")
+        .collect();
+    let created = ok(cairnctl(
+        &addresses[0],
+        &["snapshots", "create", "--node", "n3"],
+    ));
+    assert_eq!(
+        created.matches("Snapshot ").count(),
+        of_n3.len(),
+        "{created}"
+    );
+    expected.extend(of_n3);
+    assert_eq!(snapshotted_now(&addresses[1]), expected);
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["snapshots", "create", "--node", "n9"],
+    ));
+    assert!(
+        err.contains("node n9 leads no partition; the leaders are n1, n2, n3"),
+        "{err}"
+    );
+
+    // A full sync makes a new snapshot even where one covers the partition, every byte uploaded.
+    let again = ok(cairnctl(&addresses[0], &["snapshots", "create", "-p", "0"]));
+    assert!(again.starts_with("Snapshot exists"), "{again}");
+    let full = ok(cairnctl(
+        &addresses[0],
+        &["snapshots", "create", "-p", "0", "--full"],
+    ));
+    let id = created_id(&full);
+    let listed = ok(cairnctl(&addresses[1], &["snapshots", "list", "-p", "0"]));
+    let row: Vec<&str> = listed
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("{id} not listed:\n{listed}"))
+        .split_whitespace()
+        .collect();
+    // SIZE and UPLOADED are the last columns but FILES, each a number and a unit.
+    let (size, uploaded) = (&row[row.len() - 5..row.len() - 3], &row[row.len() - 2..]);
+    assert_eq!(size, uploaded, "{listed}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -457,7 +535,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     }
 
     // A preview of scaling out to a fourth node, and in to two: balanced, the least copied, and
-    // nothing changed by asking.
+    // nothing changed by asking; then the snapshots a scaling wants, uploaded ahead.
     scaling_previews(&addresses, partition, &id);
 
     // Every process stopped and started again: all data there.

@@ -104,6 +104,11 @@ pub enum ClusterCommand {
         /// How to print the plan
         #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
+        /// Then have the current leaders publish a fresh snapshot of every partition that would
+        /// be copied (little is uploaded where a recent one exists), so that the copies load
+        /// recent data and replay little
+        #[arg(long)]
+        upload: bool,
     },
 }
 
@@ -120,9 +125,21 @@ pub enum SnapshotsCommand {
     /// Create
     #[command(name = "create-snapshot", visible_alias = "create")]
     Create {
-        /// Partition to snapshot; every partition when omitted
-        #[arg(short = 'p', long = "partition-id")]
-        partition_id: Option<u32>,
+        /// Partitions to snapshot, e.g. `-p 3,7,9`; every partition when omitted
+        #[arg(
+            short = 'p',
+            long = "partition-id",
+            value_delimiter = ',',
+            conflicts_with = "node"
+        )]
+        partition_id: Vec<u32>,
+        /// Every partition this node leads
+        #[arg(long)]
+        node: Option<String>,
+        /// Upload every file anew instead of reusing the repository's copies, and always make a
+        /// new snapshot (a full sync, for a repository no longer trusted)
+        #[arg(long)]
+        full: bool,
         /// Return an existing snapshot if it covers this LSN; otherwise cover at least it
         #[arg(long)]
         min_lsn: Option<u64>,
@@ -300,26 +317,54 @@ mod tests {
 
     #[test]
     fn snapshot_commands_parse_as_in_the_seed() {
-        let cli = Cli::try_parse_from(["cairnctl", "snapshots", "create", "-p", "1"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Command::Snapshots(SnapshotsCommand::Create {
-                partition_id: Some(1),
-                min_lsn: None,
-                trim_log: false
-            })
-        ));
-        let cli =
-            Cli::try_parse_from(["cairnctl", "snapshots", "create-snapshot", "--min-lsn", "7"])
-                .unwrap();
-        assert!(matches!(
-            cli.command,
-            Command::Snapshots(SnapshotsCommand::Create {
-                partition_id: None,
-                min_lsn: Some(7),
-                trim_log: false
-            })
-        ));
+        let create = |args: &[&str]| match Cli::try_parse_from(
+            ["cairnctl", "snapshots"].iter().chain(args).copied(),
+        ) {
+            Ok(Cli {
+                command: Command::Snapshots(create @ SnapshotsCommand::Create { .. }),
+                ..
+            }) => Ok(create),
+            Ok(other) => panic!("{other:?}"),
+            Err(err) => Err(err.to_string()),
+        };
+        let SnapshotsCommand::Create {
+            partition_id,
+            min_lsn,
+            trim_log,
+            node,
+            full,
+        } = create(&["create", "-p", "1"]).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (partition_id, min_lsn, trim_log, node, full),
+            (vec![1], None, false, None, false)
+        );
+        let SnapshotsCommand::Create {
+            partition_id,
+            min_lsn,
+            ..
+        } = create(&["create-snapshot", "--min-lsn", "7"]).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!((partition_id, min_lsn), (vec![], Some(7)));
+        // A chosen set, a node's partitions (seed 003's node-level CreateSnapshots), a full sync.
+        let SnapshotsCommand::Create { partition_id, .. } =
+            create(&["create", "-p", "3,7,9"]).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!(partition_id, vec![3, 7, 9]);
+        let SnapshotsCommand::Create { node, full, .. } =
+            create(&["create", "--node", "n2", "--full"]).unwrap()
+        else {
+            unreachable!()
+        };
+        assert_eq!((node.as_deref(), full), (Some("n2"), true));
+        let err = create(&["create", "-p", "3", "--node", "n2"]).unwrap_err();
+        assert!(err.contains("cannot be used with"), "{err}");
     }
 
     #[test]

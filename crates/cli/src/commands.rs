@@ -7,7 +7,7 @@ use crate::args::{
 use crate::output::{show_bytes, show_bytes_count, show_time, table};
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use cairn_client::{Client, ClientOptions, PutEntry};
+use cairn_client::{Client, ClientOptions, PutEntry, v1};
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -39,9 +39,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Snapshots(command) => snapshots(&client, global, command).await,
         Command::Nodes(NodesCommand::List) => nodes_list(&client, global).await,
         Command::Cluster(ClusterCommand::Status) => cluster_status(&client).await,
-        Command::Cluster(ClusterCommand::Plan { nodes, output }) => {
-            crate::scaling::cluster_plan(&client, global, nodes, output).await
-        }
+        Command::Cluster(ClusterCommand::Plan {
+            nodes,
+            output,
+            upload,
+        }) => crate::scaling::cluster_plan(&client, global, nodes, output, upload).await,
     }
 }
 
@@ -122,41 +124,39 @@ async fn snapshots(
 ) -> anyhow::Result<ExitCode> {
     match command {
         SnapshotsCommand::Create {
-            partition_id: Some(partition_id),
+            partition_id,
+            node,
+            full,
             min_lsn,
             trim_log,
         } => {
-            let bar = progress_bar(global, 0, "bytes");
-            bar.set_message(format!("partition {partition_id}"));
-            let created = create_snapshot(client, &bar, partition_id, min_lsn, trim_log).await;
-            bar.finish_and_clear();
-            print_created(&created?);
-        }
-        SnapshotsCommand::Create {
-            partition_id: None,
-            min_lsn,
-            trim_log,
-        } => {
-            let partitions = client.list_partitions().await?.partitions;
-            let bar = progress_bar(global, partitions.len() as u64, "partitions");
-            let mut failed = Vec::new();
-            for p in partitions {
-                bar.set_message(format!("partition {}", p.partition_id));
-                // The partitions' bar stays; a publish's bytes would make it jump back and forth.
-                let quiet = indicatif::ProgressBar::hidden();
-                match create_snapshot(client, &quiet, p.partition_id, min_lsn, trim_log).await {
-                    Ok(created) => bar.suspend(|| print_created(&created)),
-                    Err(err) => {
-                        bar.suspend(|| eprintln!("partition {}: {err:#}", p.partition_id));
-                        failed.push(p.partition_id);
-                    }
+            let request = |partition_id| v1::CreateSnapshotRequest {
+                partition_id,
+                min_lsn,
+                trim_log,
+                full,
+            };
+            let partitions: Vec<u32> = match (partition_id.as_slice(), node) {
+                ([partition_id], None) => {
+                    let bar = progress_bar(global, 0, "bytes");
+                    bar.set_message(format!("partition {partition_id}"));
+                    let created = create_snapshot(client, &bar, request(*partition_id)).await;
+                    bar.finish_and_clear();
+                    print_created(&created?);
+                    return Ok(ExitCode::SUCCESS);
                 }
-                bar.inc(1);
-            }
-            bar.finish_and_clear();
-            if !failed.is_empty() {
-                bail!("snapshots of partitions {failed:?} failed; see the errors above");
-            }
+                ([], Some(node)) => led_by(client, &node).await?,
+                ([], None) => client
+                    .list_partitions()
+                    .await?
+                    .partitions
+                    .iter()
+                    .map(|p| p.partition_id)
+                    .collect(),
+                (chosen, _) => chosen.to_vec(),
+            };
+            let requests = partitions.into_iter().map(request).collect();
+            create_snapshots(client, global, requests, false).await?;
         }
         SnapshotsCommand::List { partition_id } => {
             let response = client.list_snapshots(partition_id).await?;
@@ -240,18 +240,71 @@ async fn snapshots(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Starts a snapshot of `partition_id` and follows its publish on `bar` until the node says it
-/// is done. The publish is the node's task: if this process stops, it still completes.
+/// The partitions `node` leads, by the placement; refused, naming the nodes, when it leads
+/// none.
+async fn led_by(client: &Client, node: &str) -> anyhow::Result<Vec<u32>> {
+    let partitions = client.list_partitions().await?.partitions;
+    let led: Vec<u32> = partitions
+        .iter()
+        .filter(|p| p.leader == node)
+        .map(|p| p.partition_id)
+        .collect();
+    if led.is_empty() {
+        let mut leaders: Vec<&str> = partitions.iter().map(|p| p.leader.as_str()).collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        bail!(
+            "node {node} leads no partition; the leaders are {}",
+            leaders.join(", ")
+        );
+    }
+    Ok(led)
+}
+
+/// Snapshots each request's partition in turn, with a bar over the partitions; every one is
+/// tried, and the failed ones are named at the end. What each did goes to stdout, or to stderr
+/// when stdout carries something else (a JSON document).
+pub(crate) async fn create_snapshots(
+    client: &Client,
+    global: &GlobalOptions,
+    requests: Vec<v1::CreateSnapshotRequest>,
+    to_stderr: bool,
+) -> anyhow::Result<()> {
+    let bar = progress_bar(global, requests.len() as u64, "partitions");
+    let mut failed = Vec::new();
+    for request in requests {
+        let partition_id = request.partition_id;
+        bar.set_message(format!("partition {partition_id}"));
+        // The partitions' bar stays; a publish's bytes would make it jump back and forth.
+        let quiet = indicatif::ProgressBar::hidden();
+        match create_snapshot(client, &quiet, request).await {
+            Ok(created) => bar.suspend(|| match to_stderr {
+                true => eprintln!("{}", created_lines(&created)),
+                false => print_created(&created),
+            }),
+            Err(err) => {
+                bar.suspend(|| eprintln!("partition {partition_id}: {err:#}"));
+                failed.push(partition_id);
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if !failed.is_empty() {
+        bail!("snapshots of partitions {failed:?} failed; see the errors above");
+    }
+    Ok(())
+}
+
+/// Starts a snapshot and follows its publish on `bar` until the node says it is done. The
+/// publish is the node's task: if this process stops, it still completes.
 async fn create_snapshot(
     client: &Client,
     bar: &indicatif::ProgressBar,
-    partition_id: u32,
-    min_lsn: Option<u64>,
-    trim_log: bool,
+    request: v1::CreateSnapshotRequest,
 ) -> anyhow::Result<cairn_client::v1::CreateSnapshotResponse> {
-    let mut stream = client
-        .create_snapshot(partition_id, min_lsn, trim_log)
-        .await?;
+    let partition_id = request.partition_id;
+    let mut stream = client.create_snapshot_with(request).await?;
     loop {
         let progress = match stream.message().await {
             Ok(Some(progress)) => progress,
@@ -276,20 +329,26 @@ async fn create_snapshot(
 }
 
 fn print_created(created: &cairn_client::v1::CreateSnapshotResponse) {
-    if created.created {
-        println!("Snapshot created: {}", created.snapshot_id);
+    println!("{}", created_lines(created));
+}
+
+/// What a snapshot request did, in words.
+fn created_lines(created: &cairn_client::v1::CreateSnapshotResponse) -> String {
+    let mut lines = if created.created {
+        format!("Snapshot created: {}", created.snapshot_id)
     } else {
-        println!(
+        format!(
             "Snapshot exists: {} (partition {} at LSN {} already covers the request)",
             created.snapshot_id, created.partition_id, created.lsn
-        );
-    }
+        )
+    };
     if let Some(trim_point) = created.log_trim_point {
-        println!(
-            "Log {} trimmed up to LSN {trim_point}",
+        lines.push_str(&format!(
+            "\nLog {} trimmed up to LSN {trim_point}",
             created.partition_id
-        );
+        ));
     }
+    lines
 }
 
 fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::ProgressBar {

@@ -11,11 +11,43 @@ pub async fn cluster_plan(
     global: &GlobalOptions,
     nodes: Vec<String>,
     output: OutputFormat,
+    upload: bool,
 ) -> anyhow::Result<ExitCode> {
     let plan = client.plan_placement(nodes.clone()).await?;
     match output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
         OutputFormat::Table => print_plan(global, &nodes, &plan),
+    }
+    if upload {
+        // Fresh snapshots of exactly what will be copied, each on its leader; one that already
+        // covers what the partition applied is kept.
+        let mut copied: Vec<u32> = plan
+            .moves
+            .iter()
+            .filter(|m| m.copies)
+            .map(|m| m.partition_id)
+            .collect();
+        copied.dedup();
+        if !copied.is_empty() {
+            // Scripts reading the JSON on stdout get only the JSON there.
+            let say = |line: String| match output {
+                OutputFormat::Json => eprintln!("{line}"),
+                OutputFormat::Table => println!("{line}"),
+            };
+            say(format!(
+                "uploading fresh snapshots of the {} partitions to be copied",
+                copied.len()
+            ));
+            let requests = copied
+                .into_iter()
+                .map(|partition_id| v1::CreateSnapshotRequest {
+                    partition_id,
+                    ..Default::default()
+                })
+                .collect();
+            let to_stderr = output == OutputFormat::Json;
+            crate::commands::create_snapshots(client, global, requests, to_stderr).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

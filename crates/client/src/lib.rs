@@ -604,13 +604,23 @@ impl Client {
         min_lsn: Option<u64>,
         trim_log: bool,
     ) -> Result<tonic::Streaming<v1::CreateSnapshotProgress>> {
+        self.create_snapshot_with(v1::CreateSnapshotRequest {
+            partition_id,
+            min_lsn,
+            trim_log,
+            full: false,
+        })
+        .await
+    }
+
+    /// [`Client::create_snapshot`] with every option of the request (a full sync among them).
+    pub async fn create_snapshot_with(
+        &self,
+        request: v1::CreateSnapshotRequest,
+    ) -> Result<tonic::Streaming<v1::CreateSnapshotProgress>> {
         self.admin
             .clone()
-            .create_snapshot(v1::CreateSnapshotRequest {
-                partition_id,
-                min_lsn,
-                trim_log,
-            })
+            .create_snapshot(request)
             .await
             .map(|r| r.into_inner())
             .map_err(|s| self.rpc(s))

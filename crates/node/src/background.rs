@@ -146,11 +146,10 @@ async fn snapshot_scheduler(state: Arc<NodeState>, cancel: CancellationToken) {
                 };
                 let id = partition.id();
                 // In a task of its own, so that even a panic ends in the bookkeeping below.
-                let result =
-                    tokio::spawn(
-                        async move { state.create_snapshot(&partition, None, None).await },
-                    )
-                    .await;
+                let result = tokio::spawn(async move {
+                    state.create_snapshot(&partition, None, None, false).await
+                })
+                .await;
                 let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
                 let Some(entry) = last.get_mut(&id) else {
                     return;

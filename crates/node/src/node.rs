@@ -163,6 +163,7 @@ impl NodeState {
         partition: &Partition,
         min_lsn: Option<Lsn>,
         on_progress: Option<ProgressFn>,
+        full: bool,
     ) -> cairn_worker::Result<CreatedSnapshot> {
         let id = partition.id();
         let _counted = Publishing::start(&self.publishing, id);
@@ -177,7 +178,9 @@ impl NodeState {
                         .into(),
             })?;
         let started = Instant::now();
-        let result = snapshots.create(partition, min_lsn, on_progress).await;
+        let result = snapshots
+            .create_with(partition, min_lsn, on_progress, full)
+            .await;
         match &result {
             Ok(created) if created.created => {
                 self.metrics

@@ -1757,7 +1757,12 @@ async fn publish_snapshot(
     on_progress: cairn_snapshots::ProgressFn,
 ) -> Result<v1::CreateSnapshotResponse, Status> {
     let created = state
-        .create_snapshot(&partition, request.min_lsn.map(Lsn), Some(on_progress))
+        .create_snapshot(
+            &partition,
+            request.min_lsn.map(Lsn),
+            Some(on_progress),
+            request.full,
+        )
         .await
         .map_err(status_of)?;
     let log_trim_point = if request.trim_log {

@@ -95,6 +95,19 @@ impl SnapshotProducer {
         min_lsn: Option<Lsn>,
         on_progress: Option<ProgressFn>,
     ) -> Result<CreatedSnapshot> {
+        self.create_with(partition, min_lsn, on_progress, false)
+            .await
+    }
+
+    /// [`SnapshotProducer::create`]; `full`: always a new snapshot, every file of it uploaded
+    /// anew (see [`PublishOptions::full`]).
+    pub async fn create_with(
+        &self,
+        partition: &Partition,
+        min_lsn: Option<Lsn>,
+        on_progress: Option<ProgressFn>,
+        full: bool,
+    ) -> Result<CreatedSnapshot> {
         let id = partition.id();
         let lock = self
             .in_progress
@@ -112,7 +125,9 @@ impl SnapshotProducer {
             .await
             .map_err(|e| snapshot_error(id, "read log state", e))?
             .tail;
-        if let Some(existing) = self.covering(id, wanted, tail).await? {
+        if let Some(existing) = self.covering(id, wanted, tail).await?
+            && !full
+        {
             info!(partition = %id, snapshot_id = %existing.snapshot_id, lsn = %existing.lsn, "latest snapshot already covers LSN {wanted}");
             return Ok(existing);
         }
@@ -134,7 +149,7 @@ impl SnapshotProducer {
         let export = partition.export(export_dir.clone()).await?;
         let result = async {
             self.verify_tables(id, &export).await?;
-            self.publish(partition, snapshot_id, &export, on_progress)
+            self.publish(partition, snapshot_id, &export, on_progress, full)
                 .await
         }
         .await;
@@ -203,6 +218,7 @@ impl SnapshotProducer {
         snapshot_id: SnapshotId,
         export: &ColumnFamilyExport,
         on_progress: Option<ProgressFn>,
+        full: bool,
     ) -> Result<CreatedSnapshot> {
         let id = partition.id();
         let metadata = snapshot_metadata(
@@ -231,6 +247,7 @@ impl SnapshotProducer {
             num_retained: self.num_retained,
             orphan_grace: self.orphan_grace,
             fence: fence.clone(),
+            full,
             ..PublishOptions::default()
         };
         let report = self

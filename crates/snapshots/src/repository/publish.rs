@@ -48,6 +48,10 @@ pub struct PublishOptions {
     /// publish fail with [`Error::Conflict`].
     pub based_on: Option<LatestRead>,
     pub on_progress: Option<ProgressFn>,
+    /// Upload every file anew, even one the repository holds a good copy of (a "full sync", for
+    /// a repository one no longer trusts): the objects are named by their content, so the new
+    /// copy replaces the old one with the same bytes.
+    pub full: bool,
     /// Asked before the garbage collection that follows the publish deletes anything (see
     /// [`GcOptions::fence`]).
     pub fence: Option<crate::GcFence>,
@@ -126,7 +130,12 @@ impl SnapshotRepository {
 
         // 1. SST files.
         let uploaded = self
-            .publish_files(export_dir, &mut metadata, options.on_progress.clone())
+            .publish_files(
+                export_dir,
+                &mut metadata,
+                options.on_progress.clone(),
+                options.full,
+            )
             .await?;
         #[cfg(feature = "test-util")]
         stop_if_asked(&options, PublishStep::SstsUploaded)?;
@@ -257,6 +266,7 @@ impl SnapshotRepository {
         export_dir: &Path,
         metadata: &mut SnapshotMetadata,
         on_progress: Option<ProgressFn>,
+        full: bool,
     ) -> Result<Vec<String>> {
         let partition = metadata.partition_id;
         let progress = Progress::new(metadata.size(), on_progress);
@@ -265,7 +275,7 @@ impl SnapshotRepository {
         let progress = &progress;
         let published: Vec<PublishedFile> = futures::stream::iter(metadata.files.clone())
             .map(|file| async move {
-                self.publish_file(partition, export_dir, &file, progress)
+                self.publish_file(partition, export_dir, &file, progress, full)
                     .await
             })
             .buffered(self.transfer_concurrency)
@@ -386,13 +396,15 @@ impl SnapshotRepository {
         Ok((without_stats(&existing) == without_stats(&ours)).then_some(existing))
     }
 
-    /// Hashes one export file and uploads it unless the repository holds a good copy already.
+    /// Hashes one export file and uploads it unless the repository holds a good copy already
+    /// (and the publish is not `full`).
     async fn publish_file(
         &self,
         partition: PartitionId,
         export_dir: &Path,
         file: &crate::SnapshotFile,
         progress: &Progress,
+        full: bool,
     ) -> Result<PublishedFile> {
         let name = file
             .file_name()
@@ -410,7 +422,7 @@ impl SnapshotRepository {
         }
         let key = format!("ssts/{}.sst", checksum.hex());
         let location = self.object_path(partition, &key);
-        if self.holds_good_copy(&location, size, checksum).await? {
+        if !full && self.holds_good_copy(&location, size, checksum).await? {
             tracing::debug!(file = name, key, "sst already in the repository");
             progress.advance(size);
             return Ok(PublishedFile {
