@@ -81,6 +81,10 @@ pub const CONNECT_TIMEOUT: Duration = cairn_nats::CONNECT_TIMEOUT;
 /// servers that has just started elects its leaders first).
 const OPEN_PATIENCE: Duration = Duration::from_secs(30);
 
+/// The most a node waits, at random, before it creates a stream it found missing (see
+/// [`NatsLogProvider::open_stream`]).
+const CREATE_JITTER_MS: u64 = 500;
+
 /// Records one atomic batch may hold: JetStream's limit for an atomic batch publish.
 pub const BATCH_RECORDS_MAX: usize = 1000;
 
@@ -138,7 +142,11 @@ impl NatsLogProvider {
     /// streams at once, and a JetStream cluster that has just started answers nothing for a
     /// while: looked up first (an update of a stream being created may go unanswered), created
     /// if missing, looked up again if another node created it meanwhile, and all of it retried
-    /// for [`OPEN_PATIENCE`].
+    /// for [`OPEN_PATIENCE`]. A stream found missing is looked up once more after a random
+    /// pause before it is created: JetStream clusters that take the same stream's creation from
+    /// several clients at once have been seen to leave it answering "not found" to every
+    /// request for its state for minutes (a new cluster's nodes all start together), so the
+    /// pause makes one node create it and the others find it.
     async fn open_stream(
         &self,
         config: jetstream::stream::Config,
@@ -154,10 +162,16 @@ impl NatsLogProvider {
                         if matches!(err.kind(), GetStreamErrorKind::JetStream(e)
                             if e.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
                     {
-                        self.jetstream
-                            .create_stream(config.clone())
-                            .await
-                            .map_err(Into::into)
+                        let pause = rand::random_range(0..CREATE_JITTER_MS);
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                        match self.jetstream.get_stream(&config.name).await {
+                            Ok(stream) => Ok(stream),
+                            Err(_) => self
+                                .jetstream
+                                .create_stream(config.clone())
+                                .await
+                                .map_err(Into::into),
+                        }
                     }
                     Err(err) => Err(err.into()),
                 };
