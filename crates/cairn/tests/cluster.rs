@@ -360,6 +360,92 @@ fn scaling_previews(addresses: &[String], snapshotted: usize, snapshot: &str) {
     assert_eq!(size, uploaded, "{listed}");
 }
 
+/// A fourth node joins the placed cluster, which gives it nothing; `partitions load` has it follow
+/// partitions 3 and 7, and then it holds their data and a scale-out plan copies two partitions
+/// less. Returns the node, still running.
+async fn load_on_a_new_node(dir: &Path, config: &Path, addresses: &[String]) -> Server {
+    let n4 = start_node(dir, config, "n4");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = ok(cairnctl(&addresses[0], &["nodes", "list"]));
+        let row = nodes
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("n4"));
+        if let Some(row) = row.filter(|r| r.contains(" alive ")) {
+            // LEADS and FOLLOWS, the last columns: a node that joins later gets nothing.
+            let columns: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(columns[columns.len() - 2..], ["0", "0"], "{nodes}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "n4 never alive:\n{nodes}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["partitions", "load", "-p", "3", "--node", "n9"],
+    ));
+    assert!(err.contains("node n9 has not joined the cluster"), "{err}");
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["partitions", "load", "-p", "99", "--node", "n4"],
+    ));
+    assert!(err.contains("partition 99 does not exist"), "{err}");
+
+    // Written before the load: it is in what n4 loads.
+    let keys = keys_of_partition("loaded", 3, 50)
+        .into_iter()
+        .chain(keys_of_partition("loaded", 7, 50))
+        .collect::<Vec<_>>();
+    put_keys(&addresses[1], &keys, 25).await;
+    let loaded = ok(cairnctl(
+        &addresses[1],
+        &["partitions", "load", "-p", "3,7", "--node", "n4"],
+    ));
+    assert!(
+        loaded.contains("n4 follows 2 partitions, caught up with their logs"),
+        "{loaded}"
+    );
+    let listed = ok(cairnctl(&addresses[0], &["partitions", "list"]));
+    for p in [3, 7] {
+        let row = listed
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&p.to_string()))
+            .unwrap();
+        assert!(
+            row.contains("n4"),
+            "partition {p} followed by n4:\n{listed}"
+        );
+    }
+    // n4 answers them from its own replicas.
+    let mut args = vec!["kv", "get", "--max-staleness", "60s"];
+    args.extend(keys.iter().map(String::as_str));
+    let read = ok(cairnctl(&n4.address, &args));
+    assert!(!read.contains("(absent)"), "{read}");
+    // A node that leads a partition already has it.
+    let leader_of_3 = placement(&listed)[3].0.clone();
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["partitions", "load", "-p", "3", "--node", &leader_of_3],
+    ));
+    assert!(err.contains("leads partition 3 already"), "{err}");
+
+    // Scaling out to n4 now copies two partitions less than the eight it would have.
+    let plan: serde_json::Value = serde_json::from_str(&ok(cairnctl(
+        &addresses[2],
+        &["cluster", "plan", "--nodes", "n1,n2,n3,n4", "-o", "json"],
+    )))
+    .unwrap();
+    assert_eq!(plan["totals"]["copies"], 6, "{plan:#}");
+    let n4_row = plan["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "n4")
+        .unwrap();
+    assert_eq!(n4_row["state"], "alive");
+    n4
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -537,6 +623,8 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     // A preview of scaling out to a fourth node, and in to two: balanced, the least copied, and
     // nothing changed by asking; then the snapshots a scaling wants, uploaded ahead.
     scaling_previews(&addresses, partition, &id);
+    let n4 = load_on_a_new_node(dir.path(), &config, &addresses).await;
+    n4.stop();
 
     // Every process stopped and started again: all data there.
     for node in nodes.drain(..) {

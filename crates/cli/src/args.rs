@@ -282,6 +282,22 @@ pub enum PartitionsCommand {
         #[arg(long)]
         snapshot: Option<String>,
     },
+    /// Make a node follow partitions beside their leaders and followers: it loads each from the
+    /// newest snapshot (when its store is empty or behind the log's trim point), then tails the
+    /// log. Shows progress until each has applied the log as it stood when asked
+    Load {
+        /// The partitions, e.g. `-p 3,7`
+        #[arg(
+            short = 'p',
+            long = "partition-id",
+            value_delimiter = ',',
+            required = true
+        )]
+        partition_id: Vec<u32>,
+        /// The node to load them on
+        #[arg(long)]
+        node: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

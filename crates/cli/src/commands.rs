@@ -28,6 +28,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             partition_id,
             snapshot,
         }) => partitions_restore(&client, global, partition_id, snapshot).await,
+        Command::Partitions(PartitionsCommand::Load { partition_id, node }) => {
+            crate::scaling::partitions_load(&client, global, partition_id, node).await
+        }
         Command::Logs(LogsCommand::Describe { log_id }) => {
             logs_describe(&client, global, log_id).await
         }
@@ -351,7 +354,7 @@ fn created_lines(created: &cairn_client::v1::CreateSnapshotResponse) -> String {
     lines
 }
 
-fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::ProgressBar {
+pub(crate) fn progress_bar(global: &GlobalOptions, len: u64, unit: &str) -> indicatif::ProgressBar {
     if global.quiet > 0 {
         return indicatif::ProgressBar::hidden();
     }

@@ -52,6 +52,79 @@ pub async fn cluster_plan(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `partitions load`: places the partitions on `node` as a follower and follows the load.
+pub async fn partitions_load(
+    client: &Client,
+    global: &GlobalOptions,
+    partitions: Vec<u32>,
+    node: String,
+) -> anyhow::Result<ExitCode> {
+    let mut stream = client
+        .load_partitions(partitions.clone(), node.clone())
+        .await?;
+    let bar = crate::commands::progress_bar(global, partitions.len() as u64, "partitions");
+    let mut last = None;
+    loop {
+        let progress = match stream.message().await {
+            Ok(Some(progress)) => progress,
+            Ok(None) => break,
+            Err(status) => {
+                bar.finish_and_clear();
+                return Err(client.stream_error(status).into());
+            }
+        };
+        let caught_up = progress.partitions.iter().filter(|p| p.caught_up).count();
+        bar.set_position(caught_up as u64);
+        bar.set_message(load_message(&progress.partitions));
+        let done = progress.done;
+        last = Some(progress);
+        if done {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    let Some(last) = last.filter(|p| p.done) else {
+        anyhow::bail!(
+            "the node stopped reporting before every partition caught up; {node} goes on loading them: `cairnctl partitions list` shows its followers"
+        );
+    };
+    let mut t = table(
+        global.table_style,
+        &["PARTITION", "NODE", "STATE", "APPLIED LSN"],
+    );
+    for p in &last.partitions {
+        t.add_row(vec![
+            p.partition_id.to_string(),
+            node.clone(),
+            p.state.clone(),
+            p.applied_lsn.to_string(),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "{node} follows {} partition{}, caught up with their logs",
+        last.partitions.len(),
+        if last.partitions.len() == 1 { "" } else { "s" }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The partitions still on their way, for the progress bar.
+fn load_message(partitions: &[v1::LoadProgress]) -> String {
+    partitions
+        .iter()
+        .filter(|p| !p.caught_up)
+        .map(|p| match p.state.as_str() {
+            "down" => format!("{}: down ({})", p.partition_id, p.reason),
+            "follower" | "leader" => {
+                format!("{}: {}/{}", p.partition_id, p.applied_lsn, p.target_lsn)
+            }
+            state => format!("{}: {state}", p.partition_id),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What the copies of a plan add up to.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Totals {

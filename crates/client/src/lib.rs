@@ -510,6 +510,24 @@ impl Client {
         Ok(response.into_inner().nodes)
     }
 
+    /// Has `node` follow `partition_ids`; streams how far each has come, ending with a message
+    /// whose `done` is set once all have caught up. The load goes on if the stream is dropped.
+    pub async fn load_partitions(
+        &self,
+        partition_ids: Vec<u32>,
+        node: String,
+    ) -> Result<tonic::Streaming<v1::LoadPartitionsProgress>> {
+        self.admin
+            .clone()
+            .load_partitions(v1::LoadPartitionsRequest {
+                partition_ids,
+                node,
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.rpc(s))
+    }
+
     /// Previews the balanced placement of every partition on `nodes`; changes nothing.
     pub async fn plan_placement(&self, nodes: Vec<String>) -> Result<v1::PlanPlacementResponse> {
         self.admin

@@ -252,3 +252,172 @@ fn node_states(state: &NodeState) -> BTreeMap<NodeId, String> {
         })
         .collect()
 }
+
+/// How often a load's progress is read from the node's report.
+const LOAD_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Makes `node` follow `partitions` (written into the placement), then streams how far each has
+/// come on `progress` until all have caught up or the receiver goes away.
+pub async fn load_partitions(
+    state: std::sync::Arc<NodeState>,
+    partition_ids: Vec<u32>,
+    node: String,
+    progress: tokio::sync::mpsc::Sender<Result<v1::LoadPartitionsProgress, Status>>,
+) -> Result<(), Status> {
+    if !state.config.cluster_mode() {
+        return Err(Status::failed_precondition(
+            "this node runs alone ([log] provider = \"local\"): it has every partition already; loads are for a cluster",
+        ));
+    }
+    let node = parse_nodes(vec![node])?
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| unreachable!("one name parsed"));
+    let num_partitions = state.num_partitions();
+    if partition_ids.is_empty() {
+        return Err(Status::invalid_argument(
+            "name the partitions to load, e.g. -p 3,7",
+        ));
+    }
+    let mut partitions = BTreeSet::new();
+    for id in partition_ids {
+        match u16::try_from(id) {
+            Ok(id) if id < num_partitions => {
+                partitions.insert(PartitionId(id));
+            }
+            _ => {
+                return Err(Status::not_found(format!(
+                    "partition {id} does not exist; this cluster has partitions 0 to {}",
+                    num_partitions - 1
+                )));
+            }
+        }
+    }
+    match node_states(&state).get(&node).map(String::as_str) {
+        Some("" | "starting") => {}
+        Some(other) => {
+            return Err(Status::failed_precondition(format!(
+                "node {node} is {other}; start it again before loading partitions on it"
+            )));
+        }
+        None => {
+            return Err(Status::failed_precondition(format!(
+                "node {node} has not joined the cluster; start it with this cluster's [nats] settings first"
+            )));
+        }
+    }
+    follow_in_placement(&state, &partitions, &node).await?;
+    // Caught up once applied up to where each log stood now.
+    let mut targets = BTreeMap::new();
+    for &id in &partitions {
+        targets.insert(id, log_tail(&state, id).await?);
+    }
+    tracing::info!(%node, partitions = ?partitions, "partitions placed on a node to load them");
+    tokio::spawn(async move {
+        loop {
+            let observed = get_typed::<cairn_metadata::Observed>(
+                state.metadata.as_ref(),
+                &cairn_metadata::Observed::key(&node),
+                "observed",
+            )
+            .await;
+            let report = match observed {
+                Ok(report) => report.map(|(_, report)| report).unwrap_or_default(),
+                // The store not answering for a moment: said again at the next tick.
+                Err(_) => cairn_metadata::Observed::default(),
+            };
+            let partitions: Vec<v1::LoadProgress> = targets
+                .iter()
+                .map(|(id, target)| {
+                    let running = report.partitions.get(id);
+                    let applied = running.map_or(0, |p| p.applied_lsn);
+                    let role = running.map(|p| p.role);
+                    v1::LoadProgress {
+                        partition_id: u32::from(id.0),
+                        state: role.map_or("waiting", |r| r.as_str()).into(),
+                        applied_lsn: applied,
+                        target_lsn: *target,
+                        reason: running.and_then(|p| p.reason.clone()).unwrap_or_default(),
+                        caught_up: matches!(
+                            role,
+                            Some(
+                                cairn_metadata::ObservedRole::Follower
+                                    | cairn_metadata::ObservedRole::Leader
+                            )
+                        ) && applied >= *target,
+                    }
+                })
+                .collect();
+            let done = partitions.iter().all(|p| p.caught_up);
+            let message = v1::LoadPartitionsProgress { partitions, done };
+            if progress.send(Ok(message)).await.is_err() || done {
+                return;
+            }
+            tokio::time::sleep(LOAD_PROGRESS_EVERY).await;
+        }
+    });
+    Ok(())
+}
+
+/// Adds `node` to the followers of `partitions` in the partition table, conditional on the
+/// table's version (read and written again over a write that came between).
+async fn follow_in_placement(
+    state: &NodeState,
+    partitions: &BTreeSet<PartitionId>,
+    node: &NodeId,
+) -> Result<(), Status> {
+    use cairn_metadata::Change;
+    let (refused, _) = cairn_metadata::update_typed::<PartitionTable, Option<Status>>(
+        state.metadata.as_ref(),
+        PartitionTable::KEY,
+        "the partition table",
+        |table| {
+            let Some(mut table) = table else {
+                return Change::Keep(Some(Status::failed_precondition(
+                    "the cluster has not placed its partitions yet (it waits for its initial nodes)",
+                )));
+            };
+            let mut changed = false;
+            for id in partitions {
+                let Some(placement) = table.partitions.get_mut(id) else {
+                    return Change::Keep(Some(Status::failed_precondition(format!(
+                        "partition {id} is not placed yet"
+                    ))));
+                };
+                if placement.leader.as_ref() == Some(node) {
+                    return Change::Keep(Some(Status::failed_precondition(format!(
+                        "node {node} leads partition {id} already: it has its data"
+                    ))));
+                }
+                if !placement.followers.contains(node) {
+                    placement.followers.push(node.clone());
+                    changed = true;
+                }
+            }
+            match changed {
+                true => Change::Write(table, None),
+                false => Change::Keep(None),
+            }
+        },
+    )
+    .await
+    .map_err(|err| {
+        Status::unavailable(format!(
+            "write the partition table in the metadata store: {err}; retry shortly"
+        ))
+    })?;
+    refused.map_or(Ok(()), Err)
+}
+
+/// Where partition `id`'s log ends, as the log itself says.
+async fn log_tail(state: &NodeState, id: PartitionId) -> Result<u64, Status> {
+    let slot = state
+        .partitions
+        .slot(id)
+        .ok_or_else(|| Status::not_found(format!("partition {id} does not exist")))?;
+    slot.log()
+        .find_tail()
+        .await
+        .map(|log| log.tail.0)
+        .map_err(|err| Status::unavailable(format!("log {id}: {}", slot.log_problem(&err))))
+}

@@ -1226,6 +1226,27 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(v1::ListNodesResponse { nodes }))
     }
 
+    type LoadPartitionsStream =
+        tokio_stream::wrappers::ReceiverStream<Result<v1::LoadPartitionsProgress, Status>>;
+
+    async fn load_partitions(
+        &self,
+        request: Request<v1::LoadPartitionsRequest>,
+    ) -> Result<Response<Self::LoadPartitionsStream>, Status> {
+        let request = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
+        crate::scaling::load_partitions(
+            self.state.clone(),
+            request.partition_ids,
+            request.node,
+            tx,
+        )
+        .await?;
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
     async fn plan_placement(
         &self,
         request: Request<v1::PlanPlacementRequest>,
