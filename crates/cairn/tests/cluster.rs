@@ -446,6 +446,41 @@ async fn load_on_a_new_node(dir: &Path, config: &Path, addresses: &[String]) -> 
     n4
 }
 
+/// `nodes remove` of n4: refused while it runs, taken once it is stopped and the controller has
+/// given its roles to others; then it is no longer listed.
+async fn remove_a_stopped_node(addresses: &[String], n4: Server) {
+    let err = fails(cairnctl(&addresses[0], &["-y", "nodes", "remove", "n4"]));
+    assert!(
+        err.contains("node n4 is not stopped: stop it first"),
+        "{err}"
+    );
+    let err = fails(cairnctl(&addresses[0], &["-y", "nodes", "remove", "n9"]));
+    assert!(
+        err.contains("node n9 is not a member of the cluster"),
+        "{err}"
+    );
+    n4.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cairnctl(&addresses[1], &["-y", "nodes", "remove", "n4"]);
+        if out.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        // It left cleanly: what it followed goes to others in the controller's next rounds.
+        assert!(err.contains("still has a role in partitions"), "{err}");
+        assert!(Instant::now() < deadline, "n4 never removable: {err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let nodes = ok(cairnctl(&addresses[2], &["nodes", "list"]));
+    assert!(
+        !nodes
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("n4")),
+        "{nodes}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_and_restarts() {
     let dir = tempfile::tempdir().unwrap();
@@ -624,7 +659,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     // nothing changed by asking; then the snapshots a scaling wants, uploaded ahead.
     scaling_previews(&addresses, partition, &id);
     let n4 = load_on_a_new_node(dir.path(), &config, &addresses).await;
-    n4.stop();
+    remove_a_stopped_node(&addresses, n4).await;
 
     // Every process stopped and started again: all data there.
     for node in nodes.drain(..) {

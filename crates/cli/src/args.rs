@@ -256,6 +256,9 @@ pub enum NodesCommand {
     /// List every node that joined the cluster: its address, whether it is alive, when it was
     /// last heard from, and how many partitions it leads and follows
     List,
+    /// Remove a stopped node that leads and follows nothing from the cluster for good (a node
+    /// started again under its name joins anew)
+    Remove { node: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -41,6 +41,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }) => logs_trim(&client, global, log_id, trim_point, force).await,
         Command::Snapshots(command) => snapshots(&client, global, command).await,
         Command::Nodes(NodesCommand::List) => nodes_list(&client, global).await,
+        Command::Nodes(NodesCommand::Remove { node }) => {
+            if !global.yes {
+                confirm(&format!(
+                    "Remove node {node} from the cluster? It is no longer listed or placed on."
+                ))?;
+            }
+            client.remove_node(node.clone()).await?;
+            println!("Node {node} removed from the cluster");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Cluster(ClusterCommand::Status) => cluster_status(&client).await,
         Command::Cluster(ClusterCommand::Plan {
             nodes,

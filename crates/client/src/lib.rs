@@ -528,6 +528,16 @@ impl Client {
             .map_err(|s| self.rpc(s))
     }
 
+    /// Removes a stopped node that leads and follows nothing from the cluster's members.
+    pub async fn remove_node(&self, node: String) -> Result<()> {
+        self.admin
+            .clone()
+            .remove_node(v1::RemoveNodeRequest { node })
+            .await
+            .map(|_| ())
+            .map_err(|s| self.rpc(s))
+    }
+
     /// Previews the balanced placement of every partition on `nodes`; changes nothing.
     pub async fn plan_placement(&self, nodes: Vec<String>) -> Result<v1::PlanPlacementResponse> {
         self.admin

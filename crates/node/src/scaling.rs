@@ -421,3 +421,99 @@ async fn log_tail(state: &NodeState, id: PartitionId) -> Result<u64, Status> {
         .map(|log| log.tail.0)
         .map_err(|err| Status::unavailable(format!("log {id}: {}", slot.log_problem(&err))))
 }
+
+/// Removes `name` from the cluster's members: only a node that is stopped (dead or left) and
+/// that the placement gives nothing.
+pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> {
+    use cairn_metadata::{Change, Members, NodeRecord};
+    if !state.config.cluster_mode() {
+        return Err(Status::failed_precondition(
+            "this node runs alone ([log] provider = \"local\"): it has no other nodes to remove",
+        ));
+    }
+    let node = parse_nodes(vec![name])?
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| unreachable!("one name parsed"));
+    let unavailable = |err: cairn_metadata::Error| {
+        Status::unavailable(format!(
+            "the metadata store does not answer: {err}; retry shortly"
+        ))
+    };
+    let metadata = state.metadata.as_ref();
+    let members = get_typed::<Members>(metadata, Members::KEY, "member list")
+        .await
+        .map_err(unavailable)?
+        .map(|(_, m)| m)
+        .unwrap_or_default();
+    if !members.nodes.contains(&node) {
+        return Err(Status::not_found(format!(
+            "node {node} is not a member of the cluster; `cairnctl nodes list` shows the members"
+        )));
+    }
+    let record = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
+        .await
+        .map_err(unavailable)?;
+    let stopped = record.as_ref().is_none_or(|(_, r)| {
+        matches!(
+            r.state,
+            cairn_metadata::NodeState::Dead | cairn_metadata::NodeState::Left
+        )
+    });
+    if !stopped {
+        return Err(Status::failed_precondition(format!(
+            "node {node} is not stopped: stop it first (a running node joins again with its next heartbeat), and remove it once `cairnctl nodes list` shows it dead or left"
+        )));
+    }
+    let (_, table) =
+        get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "the partition table")
+            .await
+            .map_err(unavailable)?
+            .unwrap_or_default();
+    let held: Vec<String> = table
+        .partitions
+        .iter()
+        .filter(|(_, p)| p.leader.as_ref() == Some(&node) || p.followers.contains(&node))
+        .map(|(id, _)| id.to_string())
+        .collect();
+    if !held.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "node {node} still has a role in partitions {}: the controller gives a stopped node's roles to others in the rounds after it is judged dead, unless no other node can take them; remove it once `cairnctl nodes list` shows it leading and following nothing",
+            held.join(", ")
+        )));
+    }
+    cairn_metadata::update_typed::<Members, ()>(metadata, Members::KEY, "member list", |members| {
+        let mut members = members.unwrap_or_default();
+        match members.nodes.remove(&node) {
+            true => Change::Write(members, ()),
+            false => Change::Keep(()),
+        }
+    })
+    .await
+    .map_err(unavailable)?;
+    // A node of that name that started meanwhile has joined again: it keeps its membership.
+    let now = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
+        .await
+        .map_err(unavailable)?;
+    if now.as_ref().map(|(version, _)| *version) != record.as_ref().map(|(version, _)| *version) {
+        cairn_metadata::update_typed::<Members, ()>(
+            metadata,
+            Members::KEY,
+            "member list",
+            |members| {
+                let mut members = members.unwrap_or_default();
+                match members.nodes.insert(node.clone()) {
+                    true => Change::Write(members, ()),
+                    false => Change::Keep(()),
+                }
+            },
+        )
+        .await
+        .map_err(unavailable)?;
+        return Err(Status::aborted(format!(
+            "node {node} started again while it was being removed; it stays a member"
+        )));
+    }
+    tracing::info!(%node, "node removed from the cluster's members");
+    Ok(())
+}

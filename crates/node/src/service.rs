@@ -1247,6 +1247,14 @@ impl v1::admin_server::Admin for AdminService {
         )))
     }
 
+    async fn remove_node(
+        &self,
+        request: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::RemoveNodeResponse>, Status> {
+        crate::scaling::remove_node(&self.state, request.into_inner().node).await?;
+        Ok(Response::new(v1::RemoveNodeResponse {}))
+    }
+
     async fn plan_placement(
         &self,
         request: Request<v1::PlanPlacementRequest>,
