@@ -4,7 +4,8 @@
 //! batched puts from routing clients. `--kills` times: SIGKILL of the node leading the most
 //! partitions; for each partition it led, the time from the kill to the first write that its
 //! new leader acknowledges (a probe per partition, through a surviving node); the node is
-//! started again and the cluster left to settle before the next kill. Printed: the failover
+//! started again and the cluster left to settle before the next kill, and the next kill waits a
+//! random part of a heartbeat interval (half the node timeout) more. Printed: the failover
 //! times' p50 and max over every moved partition of every kill, and the load's throughput and
 //! p99 latency before the kills (the settled seconds before each), during (kill to the last
 //! partition's recovery) and after (the seconds after it). With `--lose-machine` each kill takes
@@ -121,7 +122,11 @@ async fn main() -> anyhow::Result<()> {
     let mut failovers: Vec<Duration> = Vec::new();
     let mut periods = Vec::new();
     for kill in 1..=args.kills {
-        tokio::time::sleep(window).await;
+        // A crash comes at any moment of a heartbeat interval, and how long since the victim's
+        // last heartbeat decides most of how long its failover takes: the kill waits a random
+        // part of an interval more, so that the schedule of the kills does not pick one.
+        let phase = node_timeout.mul_f64(rand::random::<f64>() / 2.0);
+        tokio::time::sleep(window + phase).await;
         let leaders = cluster.leaders().await?;
         let victim = cluster.busiest_leader().await?;
         let name = cluster.nodes[victim].name.clone();
