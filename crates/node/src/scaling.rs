@@ -315,6 +315,18 @@ pub async fn load_partitions(
     tracing::info!(%node, partitions = ?partitions, "partitions placed on a node to load them");
     tokio::spawn(async move {
         loop {
+            // A node that died or left loads nothing more: the controller drops its roles.
+            if let Some(gone) = node_states(&state)
+                .get(&node)
+                .filter(|s| matches!(s.as_str(), "dead" | "left"))
+            {
+                let _ = progress
+                    .send(Err(Status::unavailable(format!(
+                        "node {node} is {gone}: the load stopped, and the controller gives its roles to other nodes; start it again and load once more"
+                    ))))
+                    .await;
+                return;
+            }
             let observed = get_typed::<cairn_metadata::Observed>(
                 state.metadata.as_ref(),
                 &cairn_metadata::Observed::key(&node),
