@@ -472,13 +472,19 @@ async fn remove_a_stopped_node(addresses: &[String], n4: Server) {
         assert!(Instant::now() < deadline, "n4 never removable: {err}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let nodes = ok(cairnctl(&addresses[2], &["nodes", "list"]));
-    assert!(
-        !nodes
+    // Each node lists the members as it last read them (every thirtieth of the node timeout).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let nodes = ok(cairnctl(&addresses[2], &["nodes", "list"]));
+        if !nodes
             .lines()
-            .any(|l| l.split_whitespace().next() == Some("n4")),
-        "{nodes}"
-    );
+            .any(|l| l.split_whitespace().next() == Some("n4"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n4 still listed:\n{nodes}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
