@@ -159,13 +159,7 @@ async fn snapshots(
                     return Ok(ExitCode::SUCCESS);
                 }
                 ([], Some(node)) => led_by(client, &node).await?,
-                ([], None) => client
-                    .list_partitions()
-                    .await?
-                    .partitions
-                    .iter()
-                    .map(|p| p.partition_id)
-                    .collect(),
+                ([], None) => all_partitions(client).await?,
                 (chosen, _) => chosen.to_vec(),
             };
             let requests = partitions.into_iter().map(request).collect();
@@ -251,6 +245,12 @@ async fn snapshots(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every partition's id.
+async fn all_partitions(client: &Client) -> anyhow::Result<Vec<u32>> {
+    let partitions = client.list_partitions().await?.partitions;
+    Ok(partitions.iter().map(|p| p.partition_id).collect())
 }
 
 /// The partitions `node` leads, by the placement; refused, naming the nodes, when it leads
@@ -696,13 +696,7 @@ async fn partitions_compact(
 ) -> anyhow::Result<ExitCode> {
     let ids: Vec<u32> = match partition_id {
         Some(id) => vec![id],
-        None => client
-            .list_partitions()
-            .await?
-            .partitions
-            .iter()
-            .map(|p| p.partition_id)
-            .collect(),
+        None => all_partitions(client).await?,
     };
     let bar = progress_bar(global, ids.len() as u64, "partitions");
     let (mut before, mut after, mut dropped) = (0u64, 0u64, 0u64);

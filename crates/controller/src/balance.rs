@@ -317,16 +317,7 @@ impl Problem<'_> {
         if graph.run(source, sink, total as i64) < total as i64 {
             return None;
         }
-        let sets: Vec<Vec<usize>> = choices
-            .into_iter()
-            .map(|choice| {
-                choice
-                    .into_iter()
-                    .filter(|(_, edge)| graph.flow(*edge) > 0)
-                    .map(|(i, _)| i)
-                    .collect()
-            })
-            .collect();
+        let sets = chosen(&graph, choices);
         let mut replicas = vec![0usize; n];
         for set in &sets {
             for &i in set {
@@ -371,11 +362,8 @@ impl Problem<'_> {
         }
         let mut placement = Vec::with_capacity(self.partitions);
         let mut leads = vec![0usize; n];
-        for (p, choice) in choices.into_iter().enumerate() {
-            let leader = choice
-                .into_iter()
-                .find(|(_, edge)| graph.flow(*edge) > 0)
-                .map(|(i, _)| i)?;
+        for (p, leader) in chosen(&graph, choices).into_iter().enumerate() {
+            let leader = *leader.first()?;
             leads[leader] += 1;
             let followers = sets[p].iter().copied().filter(|&i| i != leader).collect();
             placement.push((leader, followers));
@@ -424,6 +412,11 @@ fn assign(
         }
     }
     graph.run(source, sink, total as i64);
+    chosen(&graph, choices)
+}
+
+/// The nodes each partition's flow went to, by the edges of its choices.
+fn chosen(graph: &MinCostFlow, choices: Vec<Vec<(usize, EdgeId)>>) -> Vec<Vec<usize>> {
     choices
         .into_iter()
         .map(|choice| {

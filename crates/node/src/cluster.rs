@@ -114,3 +114,12 @@ impl cairn_worker::LeaderLease for Lease {
         self.0.revoked()
     }
 }
+
+/// A member's state as `nodes list` shows it: its record's (`starting`, `alive`, `dead`,
+/// `left`), or `silent` for a record that has not changed for the node timeout.
+pub fn shown_state(condition: cairn_controller::NodeCondition, state: NodeState) -> &'static str {
+    match condition {
+        cairn_controller::NodeCondition::Silent => "silent",
+        _ => state.as_str(),
+    }
+}

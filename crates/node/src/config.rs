@@ -445,12 +445,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let name_ok = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 64
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        };
+        let name_ok = valid_name;
         if !name_ok(&self.node_name) {
             return Err(ConfigError(format!(
                 "node-name {:?} is invalid: use 1 to 64 letters, digits, '-', '_' or '.'",
@@ -743,6 +738,15 @@ fn describe_figment_error(err: figment::Error) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Whether `name` may name a node or a cluster: 1 to 64 letters, digits, '-', '_' or '.'.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use crate::node::NodeState;
 use cairn_api::v1;
-use cairn_controller::{NodeCondition, PlacementOptions, RebalanceError};
+use cairn_controller::{PlacementOptions, RebalanceError};
 use cairn_metadata::{PartitionTable, get_typed};
 use cairn_types::{KeyRange, NodeId, PartitionId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,11 +31,7 @@ pub async fn plan_placement(
         "the partition table",
     )
     .await
-    .map_err(|err| {
-        Status::unavailable(format!(
-            "read the partition table from the metadata store: {err}; retry shortly"
-        ))
-    })?
+    .map_err(metadata_unavailable)?
     .ok_or_else(|| {
         Status::failed_precondition(
             "the cluster has not placed its partitions yet (it waits for its initial nodes): there is nothing to move",
@@ -107,10 +103,11 @@ pub async fn plan_placement(
             let (leads_before, follows_before) = before.get(&name).copied().unwrap_or_default();
             let (leads_after, follows_after) = after.get(&name).copied().unwrap_or_default();
             v1::PlannedNode {
-                state: states
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or_else(|| "not joined".into()),
+                state: match states.get(&name) {
+                    Some(&"alive") => String::new(),
+                    Some(state) => (*state).into(),
+                    None => "not joined".into(),
+                },
                 name: name.0,
                 leads_before: leads_before as u32,
                 follows_before: follows_before as u32,
@@ -144,12 +141,7 @@ fn parse_nodes(names: Vec<String>) -> Result<BTreeSet<NodeId>, Status> {
     }
     let mut on = BTreeSet::new();
     for name in names {
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
-        if !valid {
+        if !crate::config::valid_name(&name) {
             return Err(Status::invalid_argument(format!(
                 "{name:?} is not a node name: names are 1 to 64 letters, digits, '-', '_' or '.'"
             )));
@@ -233,8 +225,8 @@ async fn copy_sizes(
         .collect()
 }
 
-/// Each member's state as this node observes it (`silent` for a record that stopped changing).
-fn node_states(state: &NodeState) -> BTreeMap<NodeId, String> {
+/// Each member's state as `nodes list` shows it.
+fn node_states(state: &NodeState) -> BTreeMap<NodeId, &'static str> {
     let Some(view) = &state.cluster_view else {
         return BTreeMap::new();
     };
@@ -243,12 +235,10 @@ fn node_states(state: &NodeState) -> BTreeMap<NodeId, String> {
         .iter()
         .filter_map(|node| {
             let record = node.record.as_ref()?;
-            let shown = match node.condition {
-                NodeCondition::Serving => String::new(),
-                NodeCondition::Silent => "silent".into(),
-                _ => record.state.as_str().to_string(),
-            };
-            Some((node.name.clone(), shown))
+            Some((
+                node.name.clone(),
+                crate::cluster::shown_state(node.condition, record.state),
+            ))
         })
         .collect()
 }
@@ -256,11 +246,11 @@ fn node_states(state: &NodeState) -> BTreeMap<NodeId, String> {
 /// How often a load's progress is read from the node's report.
 const LOAD_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Makes `node` follow `partitions` (written into the placement), then streams how far each has
+/// Makes `node` follow `partitions` (each checked to exist; written into the placement), then streams how far each has
 /// come on `progress` until all have caught up or the receiver goes away.
 pub async fn load_partitions(
     state: std::sync::Arc<NodeState>,
-    partition_ids: Vec<u32>,
+    partitions: BTreeSet<PartitionId>,
     node: String,
     progress: tokio::sync::mpsc::Sender<Result<v1::LoadPartitionsProgress, Status>>,
 ) -> Result<(), Status> {
@@ -273,28 +263,13 @@ pub async fn load_partitions(
         .into_iter()
         .next()
         .unwrap_or_else(|| unreachable!("one name parsed"));
-    let num_partitions = state.num_partitions();
-    if partition_ids.is_empty() {
+    if partitions.is_empty() {
         return Err(Status::invalid_argument(
             "name the partitions to load, e.g. -p 3,7",
         ));
     }
-    let mut partitions = BTreeSet::new();
-    for id in partition_ids {
-        match u16::try_from(id) {
-            Ok(id) if id < num_partitions => {
-                partitions.insert(PartitionId(id));
-            }
-            _ => {
-                return Err(Status::not_found(format!(
-                    "partition {id} does not exist; this cluster has partitions 0 to {}",
-                    num_partitions - 1
-                )));
-            }
-        }
-    }
-    match node_states(&state).get(&node).map(String::as_str) {
-        Some("" | "starting") => {}
+    match node_states(&state).get(&node).copied() {
+        Some("alive" | "starting") => {}
         Some(other) => {
             return Err(Status::failed_precondition(format!(
                 "node {node} is {other}; start it again before loading partitions on it"
@@ -318,7 +293,7 @@ pub async fn load_partitions(
             // A node that died or left loads nothing more: the controller drops its roles.
             if let Some(gone) = node_states(&state)
                 .get(&node)
-                .filter(|s| matches!(s.as_str(), "dead" | "left"))
+                .filter(|s| matches!(**s, "dead" | "left"))
             {
                 let _ = progress
                     .send(Err(Status::unavailable(format!(
@@ -413,11 +388,7 @@ async fn follow_in_placement(
         },
     )
     .await
-    .map_err(|err| {
-        Status::unavailable(format!(
-            "write the partition table in the metadata store: {err}; retry shortly"
-        ))
-    })?;
+    .map_err(metadata_unavailable)?;
     refused.map_or(Ok(()), Err)
 }
 
@@ -447,15 +418,10 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
         .into_iter()
         .next()
         .unwrap_or_else(|| unreachable!("one name parsed"));
-    let unavailable = |err: cairn_metadata::Error| {
-        Status::unavailable(format!(
-            "the metadata store does not answer: {err}; retry shortly"
-        ))
-    };
     let metadata = state.metadata.as_ref();
     let members = get_typed::<Members>(metadata, Members::KEY, "member list")
         .await
-        .map_err(unavailable)?
+        .map_err(metadata_unavailable)?
         .map(|(_, m)| m)
         .unwrap_or_default();
     if !members.nodes.contains(&node) {
@@ -465,7 +431,7 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
     }
     let record = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
         .await
-        .map_err(unavailable)?;
+        .map_err(metadata_unavailable)?;
     let stopped = record.as_ref().is_none_or(|(_, r)| {
         matches!(
             r.state,
@@ -480,7 +446,7 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
     let (_, table) =
         get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "the partition table")
             .await
-            .map_err(unavailable)?
+            .map_err(metadata_unavailable)?
             .unwrap_or_default();
     let held: Vec<String> = table
         .partitions
@@ -502,11 +468,11 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
         }
     })
     .await
-    .map_err(unavailable)?;
+    .map_err(metadata_unavailable)?;
     // A node of that name that started meanwhile has joined again: it keeps its membership.
     let now = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
         .await
-        .map_err(unavailable)?;
+        .map_err(metadata_unavailable)?;
     if now.as_ref().map(|(version, _)| *version) != record.as_ref().map(|(version, _)| *version) {
         cairn_metadata::update_typed::<Members, ()>(
             metadata,
@@ -521,11 +487,18 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
             },
         )
         .await
-        .map_err(unavailable)?;
+        .map_err(metadata_unavailable)?;
         return Err(Status::aborted(format!(
             "node {node} started again while it was being removed; it stays a member"
         )));
     }
     tracing::info!(%node, "node removed from the cluster's members");
     Ok(())
+}
+
+/// A metadata store that did not answer: nothing was changed, and a retry may succeed.
+fn metadata_unavailable(err: cairn_metadata::Error) -> Status {
+    Status::unavailable(format!(
+        "the metadata store does not answer: {err}; retry shortly"
+    ))
 }

@@ -1200,10 +1200,7 @@ impl v1::admin_server::Admin for AdminService {
                 let record = node.record?;
                 let (leads, follows) = counts.get(&node.name).copied().unwrap_or_default();
                 let ago = node.last_seen_ago.unwrap_or_default().as_millis() as u64;
-                let state = match node.condition {
-                    cairn_controller::NodeCondition::Silent => "silent",
-                    _ => record.state.as_str(),
-                };
+                let state = crate::cluster::shown_state(node.condition, record.state);
                 Some(v1::NodeInfo {
                     alive: matches!(
                         node.condition,
@@ -1234,14 +1231,13 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::LoadPartitionsRequest>,
     ) -> Result<Response<Self::LoadPartitionsStream>, Status> {
         let request = request.into_inner();
+        let partitions = request
+            .partition_ids
+            .iter()
+            .map(|&id| self.slot(id).map(|slot| slot.id()))
+            .collect::<Result<_, _>>()?;
         let (tx, rx) = tokio::sync::mpsc::channel(PROGRESS_BUFFER);
-        crate::scaling::load_partitions(
-            self.state.clone(),
-            request.partition_ids,
-            request.node,
-            tx,
-        )
-        .await?;
+        crate::scaling::load_partitions(self.state.clone(), partitions, request.node, tx).await?;
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))
