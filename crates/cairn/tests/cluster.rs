@@ -446,8 +446,79 @@ async fn load_on_a_new_node(dir: &Path, config: &Path, addresses: &[String]) -> 
     n4
 }
 
-/// `nodes remove` of n4: refused while it runs, taken once it is stopped and the controller has
-/// given its roles to others; then it is no longer listed.
+/// `cluster scale` onto n4 and off it again through cairnctl, the second detached and followed
+/// with `cluster operations describe`; `nodes remove` of n4 refused while it has roles, naming
+/// the scale that drains it.
+async fn scale_with_cairnctl(addresses: &[String]) {
+    let out = ok(cairnctl(
+        &addresses[0],
+        &["-y", "-q", "cluster", "scale", "--nodes", "n1,n2,n3,n4"],
+    ));
+    assert!(out.contains("operation 1 started"), "{out}");
+    assert!(out.contains("operation 1: succeeded"), "{out}");
+    let listed: serde_json::Value = serde_json::from_str(&ok(cairnctl(
+        &addresses[1],
+        &["cluster", "operations", "list", "-o", "json"],
+    )))
+    .unwrap();
+    assert_eq!(listed[0]["state"], "succeeded", "{listed:#}");
+    let moves = listed[0]["moves"].as_array().unwrap();
+    assert!(
+        !moves.is_empty() && moves.iter().all(|m| m["step"] == "done"),
+        "{listed:#}"
+    );
+    let plan: serde_json::Value = serde_json::from_str(&ok(cairnctl(
+        &addresses[2],
+        &["cluster", "plan", "--nodes", "n1,n2,n3,n4", "-o", "json"],
+    )))
+    .unwrap();
+    assert_eq!(plan["totals"]["moves"], 0, "balanced on the four: {plan:#}");
+
+    let err = fails(cairnctl(&addresses[0], &["-y", "nodes", "remove", "n4"]));
+    assert!(
+        err.contains("node n4 still has a role in partitions")
+            && err.contains("cairnctl cluster scale --nodes n1,n2,n3"),
+        "{err}"
+    );
+    let err = fails(cairnctl(
+        &addresses[0],
+        &["-y", "cluster", "operations", "cancel", "1"],
+    ));
+    assert!(
+        err.contains("operation 1 has finished (succeeded)"),
+        "{err}"
+    );
+
+    let out = ok(cairnctl(
+        &addresses[2],
+        &[
+            "-y", "-q", "cluster", "scale", "--nodes", "n1,n2,n3", "--detach",
+        ],
+    ));
+    assert!(out.contains("operation 2 started"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let op: serde_json::Value = serde_json::from_str(&ok(cairnctl(
+            &addresses[0],
+            &["cluster", "operations", "describe", "2", "-o", "json"],
+        )))
+        .unwrap();
+        if op["state"] == "succeeded" {
+            break;
+        }
+        assert_eq!(op["state"], "running", "{op:#}");
+        assert!(Instant::now() < deadline, "operation 2 not done: {op:#}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let described = ok(cairnctl(
+        &addresses[1],
+        &["cluster", "operations", "describe", "2"],
+    ));
+    assert!(described.contains("operation 2: succeeded"), "{described}");
+}
+
+/// `nodes remove` of n4 (drained): refused while it runs, taken once it is stopped; then it is
+/// no longer listed.
 async fn remove_a_stopped_node(addresses: &[String], n4: Server) {
     let err = fails(cairnctl(&addresses[0], &["-y", "nodes", "remove", "n4"]));
     assert!(
@@ -665,6 +736,7 @@ async fn a_three_node_cluster_spreads_leaders_serves_every_key_from_every_node_a
     // nothing changed by asking; then the snapshots a scaling wants, uploaded ahead.
     scaling_previews(&addresses, partition, &id);
     let n4 = load_on_a_new_node(dir.path(), &config, &addresses).await;
+    scale_with_cairnctl(&addresses).await;
     remove_a_stopped_node(&addresses, n4).await;
 
     // Every process stopped and started again: all data there.

@@ -110,6 +110,48 @@ pub enum ClusterCommand {
         #[arg(long)]
         upload: bool,
     },
+    /// Move partitions so that every one is placed, balanced, on the nodes named: shows the plan,
+    /// asks to confirm, has the current leaders upload fresh snapshots of what will be copied,
+    /// then has the controller move each partition (the new holders load it and catch up as
+    /// followers, the leadership is handed over, the old holders drop it) and follows it to the
+    /// end. Every step is recorded in the cluster: a controller that fails is replaced and goes
+    /// on, and a move that cannot finish is reverted
+    Scale {
+        /// Every node of the cluster after the change, by name: add names to scale out, leave
+        /// some out to scale in
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// Partitions moved at once
+        #[arg(long, default_value_t = 2)]
+        max_concurrent_moves: u32,
+        /// Start the operation and return: `cairnctl cluster operations describe ID` follows it
+        #[arg(long)]
+        detach: bool,
+        /// Skip the fresh snapshots before the moves: the new holders load the newest snapshot
+        /// there is and replay the log past it
+        #[arg(long)]
+        no_upload: bool,
+    },
+    /// Scaling operations: the one under way and the last ones finished
+    #[command(subcommand)]
+    Operations(OperationsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperationsCommand {
+    /// Every operation recorded, oldest first
+    List {
+        #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// One operation, move by move
+    Describe {
+        id: u64,
+        #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Stop a running operation: moves not cut over yet are reverted, those cut over finish
+    Cancel { id: u64 },
 }
 
 /// How a command prints what it found.

@@ -57,6 +57,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             output,
             upload,
         }) => crate::scaling::cluster_plan(&client, global, nodes, output, upload).await,
+        Command::Cluster(ClusterCommand::Scale {
+            nodes,
+            max_concurrent_moves,
+            detach,
+            no_upload,
+        }) => {
+            let options = crate::scaling::ScaleOptions {
+                max_concurrent_moves,
+                detach,
+                upload: !no_upload,
+            };
+            crate::scaling::cluster_scale(&client, global, nodes, options).await
+        }
+        Command::Cluster(ClusterCommand::Operations(command)) => {
+            crate::scaling::operations(&client, global, command).await
+        }
     }
 }
 
@@ -681,7 +697,7 @@ fn compaction_lines(store: &cairn_client::v1::PartitionStoreInfo) -> Vec<String>
 
 /// A time in ms since the Unix epoch as `--time-format` asks, or `-` for 0 (no record applied
 /// yet).
-fn show_time_ms(ms: u64, format: crate::args::TimeFormat) -> String {
+pub(crate) fn show_time_ms(ms: u64, format: crate::args::TimeFormat) -> String {
     if ms == 0 {
         return "-".into();
     }
@@ -838,7 +854,7 @@ async fn partitions_restore(
 }
 
 /// Asks on the terminal; without one, refuses and says how to proceed.
-fn confirm(question: &str) -> anyhow::Result<()> {
+pub(crate) fn confirm(question: &str) -> anyhow::Result<()> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         bail!(

@@ -1,6 +1,6 @@
-//! `cluster plan`: the preview of a scaling.
+//! `cluster plan` (the preview of a scaling), `cluster scale` and `cluster operations`.
 
-use crate::args::{GlobalOptions, OutputFormat};
+use crate::args::{GlobalOptions, OperationsCommand, OutputFormat};
 use crate::output::{show_bytes_count, table};
 use cairn_client::Client;
 use cairn_client::v1;
@@ -19,37 +19,345 @@ pub async fn cluster_plan(
         OutputFormat::Table => print_plan(global, &nodes, &plan),
     }
     if upload {
-        // Fresh snapshots of exactly what will be copied, each on its leader; one that already
-        // covers what the partition applied is kept.
-        let mut copied: Vec<u32> = plan
-            .moves
-            .iter()
-            .filter(|m| m.copies)
-            .map(|m| m.partition_id)
-            .collect();
-        copied.dedup();
-        if !copied.is_empty() {
-            // Scripts reading the JSON on stdout get only the JSON there.
-            let say = |line: String| match output {
-                OutputFormat::Json => eprintln!("{line}"),
-                OutputFormat::Table => println!("{line}"),
-            };
-            say(format!(
-                "uploading fresh snapshots of the {} partitions to be copied",
-                copied.len()
-            ));
-            let requests = copied
-                .into_iter()
-                .map(|partition_id| v1::CreateSnapshotRequest {
-                    partition_id,
-                    ..Default::default()
-                })
-                .collect();
-            let to_stderr = output == OutputFormat::Json;
-            crate::commands::create_snapshots(client, global, requests, to_stderr).await?;
-        }
+        upload_copied(client, global, &plan, output == OutputFormat::Json).await?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Fresh snapshots of every partition a plan copies, each on its leader; one that already
+/// covers what the partition applied is kept.
+async fn upload_copied(
+    client: &Client,
+    global: &GlobalOptions,
+    plan: &v1::PlanPlacementResponse,
+    to_stderr: bool,
+) -> anyhow::Result<()> {
+    let mut copied: Vec<u32> = plan
+        .moves
+        .iter()
+        .filter(|m| m.copies)
+        .map(|m| m.partition_id)
+        .collect();
+    copied.dedup();
+    if copied.is_empty() {
+        return Ok(());
+    }
+    // Scripts reading the JSON on stdout get only the JSON there.
+    let line = format!(
+        "uploading fresh snapshots of the {} partitions to be copied",
+        copied.len()
+    );
+    match to_stderr {
+        true => eprintln!("{line}"),
+        false => println!("{line}"),
+    }
+    let requests = copied
+        .into_iter()
+        .map(|partition_id| v1::CreateSnapshotRequest {
+            partition_id,
+            ..Default::default()
+        })
+        .collect();
+    crate::commands::create_snapshots(client, global, requests, to_stderr).await
+}
+
+/// What `cluster scale` was asked beside the nodes.
+pub struct ScaleOptions {
+    pub max_concurrent_moves: u32,
+    pub detach: bool,
+    pub upload: bool,
+}
+
+/// How often `cluster scale` reads the operation's progress.
+const SCALE_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `cluster scale`: the plan, a confirmation, fresh snapshots of what is copied, then the
+/// operation, followed to its end unless `--detach`.
+pub async fn cluster_scale(
+    client: &Client,
+    global: &GlobalOptions,
+    nodes: Vec<String>,
+    options: ScaleOptions,
+) -> anyhow::Result<ExitCode> {
+    let plan = client.plan_placement(nodes.clone()).await?;
+    print_plan(global, &nodes, &plan);
+    if plan.moves.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let not_alive: Vec<&str> = plan
+        .nodes
+        .iter()
+        .filter(|n| nodes.contains(&n.name) && !n.state.is_empty())
+        .map(|n| n.name.as_str())
+        .collect();
+    if !not_alive.is_empty() {
+        anyhow::bail!(
+            "{} not alive: every node named must be alive before partitions move to it",
+            not_alive.join(", ")
+        );
+    }
+    if !global.yes {
+        crate::commands::confirm(&format!(
+            "Move {} partition roles to place every partition on {}?",
+            plan.moves.len(),
+            nodes.join(", ")
+        ))?;
+    }
+    if options.upload {
+        upload_copied(client, global, &plan, false).await?;
+    }
+    let op = client
+        .start_scale(v1::StartScaleRequest {
+            nodes: nodes.clone(),
+            max_concurrent_moves: options.max_concurrent_moves,
+            // The uploads do not change the placement; anything else that did is refused.
+            partition_table_version: plan.partition_table_version,
+        })
+        .await?;
+    if op.id == 0 {
+        println!("nothing moves: the placement is already balanced on these nodes");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "operation {} started: {} partitions move, {} at a time",
+        op.id,
+        op.moves.len(),
+        op.max_concurrent_moves
+    );
+    if options.detach {
+        println!(
+            "follow it with `cairnctl cluster operations describe {}`",
+            op.id
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let op = follow(client, global, op.id, op.moves.len() as u64).await?;
+    print_operation(global, &op);
+    Ok(operation_exit(&op))
+}
+
+/// Shows the operation's progress until it finishes; returns it as it finished.
+async fn follow(
+    client: &Client,
+    global: &GlobalOptions,
+    id: u64,
+    moves: u64,
+) -> anyhow::Result<v1::OperationInfo> {
+    let bar = crate::commands::progress_bar(global, moves, "partitions");
+    let mut failures = 0;
+    loop {
+        let listed = match client.list_operations().await {
+            Ok(listed) => {
+                failures = 0;
+                listed
+            }
+            // A node restarting, a controller changing hands: the operation goes on.
+            Err(err) if failures < 60 => {
+                failures += 1;
+                bar.set_message(format!("(no answer: {err}; asking again)"));
+                tokio::time::sleep(SCALE_PROGRESS_EVERY).await;
+                continue;
+            }
+            Err(err) => {
+                bar.finish_and_clear();
+                return Err(anyhow::Error::new(err).context(format!(
+                    "operation {id} goes on in the cluster; `cairnctl cluster operations describe {id}` follows it"
+                )));
+            }
+        };
+        let Some(op) = listed.into_iter().find(|op| op.id == id) else {
+            bar.finish_and_clear();
+            anyhow::bail!("operation {id} is no longer recorded");
+        };
+        let finished = op.moves.iter().filter(|m| move_finished(&m.step)).count();
+        bar.set_position(finished as u64);
+        bar.set_message(moving_message(&op));
+        if matches!(op.state.as_str(), "succeeded" | "failed" | "cancelled") {
+            bar.finish_and_clear();
+            return Ok(op);
+        }
+        tokio::time::sleep(SCALE_PROGRESS_EVERY).await;
+    }
+}
+
+fn move_finished(step: &str) -> bool {
+    matches!(step, "done" | "reverted" | "cancelled")
+}
+
+/// The moves under way, for the progress bar.
+fn moving_message(op: &v1::OperationInfo) -> String {
+    let moving: Vec<String> = op
+        .moves
+        .iter()
+        .filter(|m| !move_finished(&m.step) && m.step != "waiting")
+        .map(|m| format!("{}: {}", m.partition_id, m.step))
+        .collect();
+    format!("{} {}", op.state, moving.join(", "))
+}
+
+/// 0 when every move was done, 1 otherwise.
+fn operation_exit(op: &v1::OperationInfo) -> ExitCode {
+    match op.state.as_str() {
+        "succeeded" => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}
+
+fn holders(leader: &str, followers: &[String]) -> String {
+    let mut shown = or_dash(leader);
+    if !followers.is_empty() {
+        shown.push_str(&format!(" + {}", followers.join(",")));
+    }
+    shown
+}
+
+fn print_operation(global: &GlobalOptions, op: &v1::OperationInfo) {
+    println!(
+        "operation {}: {} ({}), placing the partitions on {}, {} at a time",
+        op.id,
+        op.state,
+        op.requested_by,
+        op.nodes.join(", "),
+        op.max_concurrent_moves
+    );
+    println!(
+        "started {}{}",
+        crate::commands::show_time_ms(op.created_at_ms, global.time_format),
+        if op.finished_at_ms == 0 {
+            String::new()
+        } else {
+            format!(
+                ", finished {}",
+                crate::commands::show_time_ms(op.finished_at_ms, global.time_format)
+            )
+        }
+    );
+    let mut t = table(
+        global.table_style,
+        &[
+            "PARTITION",
+            "FROM (LEADER + FOLLOWERS)",
+            "TO",
+            "STEP",
+            "SINCE",
+            "REASON",
+        ],
+    );
+    for m in &op.moves {
+        t.add_row(vec![
+            m.partition_id.to_string(),
+            holders(&m.from_leader, &m.from_followers),
+            holders(&m.to_leader, &m.to_followers),
+            m.step.clone(),
+            crate::commands::show_time_ms(m.step_since_ms, global.time_format),
+            or_dash(&m.reason),
+        ]);
+    }
+    println!("{t}");
+    let count = |step: &str| op.moves.iter().filter(|m| m.step == step).count();
+    println!(
+        "{} moves: {} done, {} reverted, {} cancelled, {} under way or waiting",
+        op.moves.len(),
+        count("done"),
+        count("reverted"),
+        count("cancelled"),
+        op.moves.iter().filter(|m| !move_finished(&m.step)).count()
+    );
+}
+
+fn operation_json(op: &v1::OperationInfo) -> serde_json::Value {
+    let name = |n: &str| (!n.is_empty()).then(|| n.to_string());
+    serde_json::json!({
+        "id": op.id,
+        "state": op.state,
+        "requested_by": op.requested_by,
+        "nodes": op.nodes,
+        "max_concurrent_moves": op.max_concurrent_moves,
+        "created_at_ms": op.created_at_ms,
+        "finished_at_ms": (op.finished_at_ms != 0).then_some(op.finished_at_ms),
+        "moves": op.moves.iter().map(|m| serde_json::json!({
+            "partition_id": m.partition_id,
+            "from_leader": name(&m.from_leader),
+            "from_followers": m.from_followers,
+            "to_leader": m.to_leader,
+            "to_followers": m.to_followers,
+            "step": m.step,
+            "step_since_ms": m.step_since_ms,
+            "reason": name(&m.reason),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `cluster operations list|describe|cancel`.
+pub async fn operations(
+    client: &Client,
+    global: &GlobalOptions,
+    command: OperationsCommand,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        OperationsCommand::List { output } => {
+            let ops = client.list_operations().await?;
+            match output {
+                OutputFormat::Json => {
+                    let all: Vec<_> = ops.iter().map(operation_json).collect();
+                    println!("{}", serde_json::to_string_pretty(&all)?);
+                }
+                OutputFormat::Table => {
+                    if ops.is_empty() {
+                        println!("no scaling operations recorded");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    let mut t = table(
+                        global.table_style,
+                        &[
+                            "ID", "STATE", "BY", "NODES", "MOVES", "DONE", "REVERTED", "STARTED",
+                        ],
+                    );
+                    for op in &ops {
+                        let count = |step: &str| op.moves.iter().filter(|m| m.step == step).count();
+                        t.add_row(vec![
+                            op.id.to_string(),
+                            op.state.clone(),
+                            op.requested_by.clone(),
+                            op.nodes.join(","),
+                            op.moves.len().to_string(),
+                            count("done").to_string(),
+                            (count("reverted") + count("cancelled")).to_string(),
+                            crate::commands::show_time_ms(op.created_at_ms, global.time_format),
+                        ]);
+                    }
+                    println!("{t}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        OperationsCommand::Describe { id, output } => {
+            let ops = client.list_operations().await?;
+            let Some(op) = ops.into_iter().find(|op| op.id == id) else {
+                anyhow::bail!("no operation {id}; `cairnctl cluster operations list` shows them");
+            };
+            match output {
+                OutputFormat::Json => {
+                    println!("{}", serde_json::to_string_pretty(&operation_json(&op))?)
+                }
+                OutputFormat::Table => print_operation(global, &op),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        OperationsCommand::Cancel { id } => {
+            if !global.yes {
+                crate::commands::confirm(&format!(
+                    "Cancel operation {id}? Moves not cut over yet are reverted."
+                ))?;
+            }
+            let op = client.cancel_operation(id).await?;
+            println!(
+                "operation {} is {}: moves not cut over yet are being reverted",
+                op.id, op.state
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 /// `partitions load`: places the partitions on `node` as a follower and follows the load.

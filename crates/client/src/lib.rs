@@ -548,6 +548,37 @@ impl Client {
             .map_err(|s| self.rpc(s))
     }
 
+    /// Starts a scaling operation placing every partition, balanced, on `nodes`; see
+    /// [`v1::StartScaleRequest`].
+    pub async fn start_scale(&self, request: v1::StartScaleRequest) -> Result<v1::OperationInfo> {
+        self.admin
+            .clone()
+            .start_scale(request)
+            .await
+            .map(|r| r.into_inner().operation.unwrap_or_default())
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// The scaling operations recorded, oldest first.
+    pub async fn list_operations(&self) -> Result<Vec<v1::OperationInfo>> {
+        self.admin
+            .clone()
+            .list_operations(v1::ListOperationsRequest {})
+            .await
+            .map(|r| r.into_inner().operations)
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// Asks the running operation `id` to stop.
+    pub async fn cancel_operation(&self, id: u64) -> Result<v1::OperationInfo> {
+        self.admin
+            .clone()
+            .cancel_operation(v1::CancelOperationRequest { id })
+            .await
+            .map(|r| r.into_inner().operation.unwrap_or_default())
+            .map_err(|s| self.rpc(s))
+    }
+
     pub async fn describe_cluster(&self) -> Result<v1::DescribeClusterResponse> {
         self.admin
             .clone()

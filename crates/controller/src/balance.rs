@@ -85,6 +85,7 @@ pub fn rebalance(
                     leader: None,
                     epoch: Epoch::default(),
                     followers: Vec::new(),
+                    handoff: None,
                 })
         })
         .collect();
@@ -166,6 +167,7 @@ pub fn rebalance(
                 leader: Some(leader),
                 epoch: now.epoch,
                 followers: new_followers,
+                handoff: None,
             },
         );
     }
@@ -463,6 +465,7 @@ mod tests {
                     leader: Some(at(0)),
                     epoch: Epoch(3),
                     followers: (1..=standbys).map(at).collect(),
+                    handoff: None,
                 },
             );
         }
@@ -721,6 +724,7 @@ mod tests {
                             .filter(|f| *f != leader)
                             .map(|f| node(&format!("n{f}")))
                             .collect(),
+                        handoff: None,
                     },
                 );
             }

@@ -26,15 +26,16 @@
 
 use crate::clock::MonotonicClock;
 use crate::lease::NodeLease;
+use crate::operation::{self, MoveLimits, OperationView};
 use crate::plan::{self, Change, NodeCondition, PlacementOptions, View};
 use crate::silence::Silence;
 use crate::{Timing, wall_clock_ms};
 use cairn_metadata::{
     ControllerLease, Members, MetadataStore, NodeRecord, NodeState, Observed, ObservedRole,
-    PartitionTable, Precondition, Version, get_typed, put_typed,
+    Operation, Operations, PartitionTable, Precondition, Version, get_typed, put_typed,
 };
 use cairn_types::NodeId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -48,6 +49,56 @@ pub struct ControllerOptions {
     pub me: NodeId,
     pub timing: Timing,
     pub placement: PlacementOptions,
+    /// Whether the controller rebalances by itself: when the nodes that serve change (one
+    /// joined, one was drained or died), it runs the scaling operation that places every
+    /// partition, balanced, on them.
+    pub auto_rebalance: bool,
+    /// How long each step of a partition's move may take.
+    pub move_limits: MoveLimits,
+}
+
+/// Partitions an automatic rebalance moves at once.
+const AUTO_CONCURRENT_MOVES: usize = 2;
+/// Who an automatic rebalance is requested by, in its record.
+pub const AUTO_REBALANCE: &str = "auto-rebalance";
+/// How long after an automatic rebalance failed the next may start.
+const AUTO_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+fn names(nodes: &BTreeSet<NodeId>) -> String {
+    nodes
+        .iter()
+        .map(|n| n.0.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Logs every move that changed step.
+fn log_steps(before: &Operation, after: &Operation) {
+    for (was, now) in before.moves.iter().zip(&after.moves) {
+        if was.step != now.step {
+            let why = now
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            info!(
+                operation = after.id,
+                partition = %now.partition,
+                "partition {}: {} → {}{why}",
+                now.partition,
+                was.step.as_str(),
+                now.step.as_str()
+            );
+        }
+    }
+    if after.state != before.state {
+        info!(
+            operation = after.id,
+            "scaling operation {} {}",
+            after.id,
+            after.state.as_str()
+        );
+    }
 }
 
 /// Something the controller did, for the node's log and metrics.
@@ -430,36 +481,53 @@ impl Controller {
         else {
             return Ok(());
         };
-        // What the followers of partitions that need a new leader have applied.
-        let mut applied = BTreeMap::new();
-        let mut asked = BTreeMap::new();
-        for (partition, placement) in &table.partitions {
+        let operations = get_typed::<Operations>(
+            self.metadata.as_ref(),
+            Operations::KEY,
+            "the scaling operations",
+        )
+        .await?;
+        let running = operations
+            .as_ref()
+            .is_some_and(|(_, ops)| ops.running().is_some());
+        // What this generation of each node reported running: the followers of partitions
+        // that need a new leader, and with an operation under way, every node.
+        let mut reports: BTreeMap<NodeId, Observed> = BTreeMap::new();
+        let mut wanted: BTreeSet<NodeId> = BTreeSet::new();
+        for placement in table.partitions.values() {
             let leader_serves = placement
                 .leader
                 .as_ref()
                 .is_some_and(|l| conditions.get(l) == Some(&NodeCondition::Serving));
-            if leader_serves {
-                continue;
+            if !leader_serves {
+                wanted.extend(placement.followers.iter().cloned());
             }
-            for follower in &placement.followers {
-                if !asked.contains_key(follower) {
-                    let report = get_typed::<Observed>(
-                        self.metadata.as_ref(),
-                        &Observed::key(follower),
-                        "report",
-                    )
+        }
+        if running {
+            wanted.extend(observed.records.keys().cloned());
+        }
+        for node in wanted {
+            let generation = observed
+                .records
+                .get(&node)
+                .and_then(|r| r.as_ref())
+                .map(|(_, r)| r.generation);
+            let report =
+                get_typed::<Observed>(self.metadata.as_ref(), &Observed::key(&node), "report")
                     .await?
                     .map(|(_, o)| o);
-                    asked.insert(follower.clone(), report);
-                }
-                let generation = observed
-                    .records
+            if let Some(report) = report
+                && Some(report.generation) == generation
+            {
+                reports.insert(node, report);
+            }
+        }
+        let mut applied = BTreeMap::new();
+        for (partition, placement) in &table.partitions {
+            for follower in &placement.followers {
+                if let Some(running) = reports
                     .get(follower)
-                    .and_then(|r| r.as_ref())
-                    .map(|(_, r)| r.generation);
-                if let Some(Some(report)) = asked.get(follower)
-                    && Some(report.generation) == generation
-                    && let Some(running) = report.partitions.get(partition)
+                    .and_then(|r| r.partitions.get(partition))
                     && running.role == ObservedRole::Follower
                 {
                     applied.insert((*partition, follower.clone()), running.applied_lsn);
@@ -483,36 +551,128 @@ impl Controller {
             }
             return Ok(());
         }
-        if planned.changes.is_empty() {
+        let mut next = planned.table.clone();
+        // The scaling operation under way (or one this controller starts), a step further.
+        let mut operation = None;
+        if let Some((version, mut ops)) = operations.clone().or_else(|| {
+            self.options
+                .auto_rebalance
+                .then(|| (0, Operations::default()))
+        }) {
+            let op_view = OperationView {
+                nodes: view.nodes.clone(),
+                reports,
+                now_ms: wall_clock_ms(),
+            };
+            if ops.running().is_none()
+                && self.options.auto_rebalance
+                && let Some(auto) = self.auto_rebalance(&ops, &next, &op_view)
+            {
+                info!(
+                    "auto-rebalance: {} partitions move to place them on {}",
+                    auto.moves.len(),
+                    names(&auto.nodes)
+                );
+                ops.add(auto);
+            }
+            if let Some(op) = ops.running_mut() {
+                let before = op.clone();
+                operation::advance(op, &mut next, &op_view, &self.options.move_limits);
+                if *op != before {
+                    log_steps(&before, op);
+                    operation = Some((version, ops));
+                }
+            }
+        }
+        if planned.changes.is_empty() && next == view.table && operation.is_none() {
             return Ok(());
         }
         let expected = view.table.clone();
-        let next = planned.table.clone();
-        // Only over the table the plan was made from: a table that moved meanwhile is planned
-        // again in the next round.
-        let written = self
-            .write_table(move |current| {
+        let written = if next == view.table {
+            true
+        } else {
+            // Only over the table the plan was made from: a table that moved meanwhile is planned
+            // again in the next round.
+            let to_write = next.clone();
+            self.write_table(move |current| {
                 let mut comparable = current.clone();
                 comparable.controller_term = expected.controller_term;
-                (comparable == expected).then_some(next)
+                (comparable == expected).then_some(to_write)
             })
-            .await?;
-        if written {
-            for change in planned.changes {
-                let detected_after = match &change {
-                    Change::Failover { from, .. } => {
-                        self.silence.seen_ago(&NodeRecord::key(from), now)
-                    }
-                    _ => None,
-                };
-                info!("{change}");
-                (self.on_event)(ControllerEvent::Changed {
-                    change,
-                    detected_after,
-                });
+            .await?
+        };
+        if !written {
+            return Ok(());
+        }
+        for change in planned.changes {
+            let detected_after = match &change {
+                Change::Failover { from, .. } => self.silence.seen_ago(&NodeRecord::key(from), now),
+                _ => None,
+            };
+            info!("{change}");
+            (self.on_event)(ControllerEvent::Changed {
+                change,
+                detected_after,
+            });
+        }
+        if let Some((version, ops)) = operation {
+            // After the table: a step whose record is lost to a crash is taken again from the
+            // table by the next controller, and taking it again changes nothing.
+            let precondition = if version == 0 {
+                Precondition::DoesNotExist
+            } else {
+                Precondition::MatchesVersion(version)
+            };
+            match put_typed(self.metadata.as_ref(), Operations::KEY, &ops, precondition).await {
+                Ok(_) | Err(cairn_metadata::Error::PreconditionFailed { .. }) => {}
+                Err(err) => return Err(err),
             }
         }
         Ok(())
+    }
+
+    /// The operation that places every partition, balanced, on the nodes that serve, when every
+    /// member serves (none starting, silent) and the placement is not balanced on them.
+    /// After an automatic one that failed, the next waits [`AUTO_RETRY_AFTER`].
+    fn auto_rebalance(
+        &self,
+        ops: &Operations,
+        table: &PartitionTable,
+        view: &OperationView,
+    ) -> Option<Operation> {
+        if let Some(last) = ops.operations.last()
+            && last.requested_by == AUTO_REBALANCE
+            && last.state == cairn_metadata::OperationState::Failed
+            && view
+                .now_ms
+                .saturating_sub(last.finished_at_ms.unwrap_or_default())
+                < AUTO_RETRY_AFTER.as_millis() as u64
+        {
+            return None;
+        }
+        let serving: BTreeSet<NodeId> = view
+            .nodes
+            .iter()
+            .filter(|(_, c)| **c == NodeCondition::Serving)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let settled = view
+            .nodes
+            .values()
+            .all(|c| matches!(c, NodeCondition::Serving | NodeCondition::Gone));
+        if !settled || serving.is_empty() {
+            return None;
+        }
+        let op = operation::new_operation(
+            table,
+            &serving,
+            &self.options.placement,
+            AUTO_CONCURRENT_MOVES,
+            AUTO_REBALANCE,
+            view.now_ms,
+        )
+        .ok()?;
+        (!op.moves.is_empty()).then_some(op)
     }
 
     /// Writes `dead` over `name`'s record if it is still the version seen silent. Returns whether
@@ -707,6 +867,8 @@ mod tests {
                         initial_nodes: self.members.len(),
                         standbys: 1,
                     },
+                    auto_rebalance: false,
+                    move_limits: MoveLimits::default(),
                 },
                 self.clock.clone(),
                 Box::new(move |event| events.lock().unwrap().push(event)),

@@ -30,6 +30,7 @@ pub mod controller;
 mod flow;
 pub mod lease;
 pub mod membership;
+pub mod operation;
 pub mod plan;
 pub mod silence;
 
@@ -38,6 +39,7 @@ pub use clock::{BootClock, ManualClock, MonotonicClock};
 pub use controller::{ClusterView, Controller, ControllerEvent, ControllerOptions, NodeView};
 pub use lease::{LeaseGrant, LeaseLapsed, NodeLease};
 pub use membership::{HeartbeatError, Member, RegisterError};
+pub use operation::{MoveLimits, OperationView, advance, new_operation};
 pub use plan::{Change, NodeCondition, PlacementOptions, Plan, View, plan};
 pub use silence::Silence;
 

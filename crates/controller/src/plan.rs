@@ -195,6 +195,7 @@ pub fn plan(view: &View, options: &PlacementOptions) -> Plan {
                     leader: None,
                     epoch: Epoch::default(),
                     followers: Vec::new(),
+                    handoff: None,
                 });
         choose_leader(view, partition, &mut placement, &mut counts, &mut changes);
         choose_followers(
@@ -233,6 +234,7 @@ fn place_new_cluster(
                 leader: None,
                 epoch: Epoch::default(),
                 followers: Vec::new(),
+                handoff: None,
             });
         placement.leader = Some(leader.clone());
         placement.followers = (1..=standbys)
@@ -291,6 +293,12 @@ fn choose_leader(
     };
     let condition = view.condition(&leader);
     if matches!(condition, NodeCondition::Serving | NodeCondition::Silent) {
+        // A handoff to a node that is gone, or no longer follows, can never complete.
+        if let Some(to) = &placement.handoff
+            && (view.condition(to) == NodeCondition::Gone || !placement.followers.contains(to))
+        {
+            placement.handoff = None;
+        }
         return;
     }
     // Its most caught-up serving follower. A restarted leader hands over only to a follower that
@@ -343,6 +351,8 @@ fn choose_leader(
         counts.entry(leader.clone()).or_default().1 += 1;
     }
     placement.leader = Some(to.clone());
+    // A cutover under way ends with the leader it was leaving.
+    placement.handoff = None;
     changes.push(Change::Failover {
         partition,
         from: leader,
@@ -417,8 +427,11 @@ pub enum Role {
     None,
 }
 
+/// A leader asked to hand its leadership over ([`PartitionPlacement::handoff`]) runs the
+/// partition as a follower: it stops serving before it names its successor.
 pub fn role(table: &PartitionTable, partition: PartitionId, node: &NodeId) -> Role {
     match table.partitions.get(&partition) {
+        Some(p) if p.leader.as_ref() == Some(node) && p.handoff.is_some() => Role::Follower,
         Some(p) if p.leader.as_ref() == Some(node) => Role::Leader,
         Some(p) if p.followers.contains(node) => Role::Follower,
         _ => Role::None,

@@ -71,6 +71,8 @@ pub struct TestCluster {
     pub options: ClusterOptions,
     pub nats: NatsCluster,
     pub nodes: Vec<Node>,
+    /// Every node's configuration file, but for `SERVERS` (its proxies to the NATS servers).
+    config: String,
 }
 
 /// The `cairn` binary: `given`, or the one beside the running executable.
@@ -108,67 +110,32 @@ impl TestCluster {
         jetstream_ready(&nats.urls(), Duration::from_secs(120)).await?;
         let moto = moto::server();
         let bucket = tokio::task::spawn_blocking(|| moto::server().create_bucket()).await?;
-        let mut nodes = Vec::with_capacity(options.nodes);
-        let mut ports = free_addresses(options.nodes * 3).into_iter();
-        for i in 0..options.nodes {
-            let name = format!("n{}", i + 1);
-            let mut proxies = Vec::new();
-            for url in nats.urls() {
-                let target: SocketAddr = url
-                    .trim_start_matches("nats://")
-                    .parse()
-                    .context("a NATS server's address")?;
-                proxies.push(Proxy::start(target).await?);
-            }
-            let servers = proxies
-                .iter()
-                .map(|p| format!("\"nats://127.0.0.1:{}\"", p.port()))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let config = options.dir.join(format!("{name}.toml"));
-            std::fs::write(
-                &config,
-                format!(
-                    "num-partitions = {partitions}\n\
-                     [log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
-                     [nats]\nservers = [{servers}]\nreplicas = 3\n\
-                     [cluster]\ninitial-nodes = {nodes}\nstandbys = {standbys}\n\
-                     node-timeout = \"{timeout}ms\"\n\
-                     [worker.snapshots]\ndestination = \"s3://{bucket}/cluster\"\n\
-                     endpoint-url = \"{endpoint}\"\nallow-http = true\nregion = \"us-east-1\"\n\
-                     {extra}\n",
-                    partitions = options.partitions,
-                    nodes = options.nodes,
-                    standbys = options.standbys,
-                    timeout = options.node_timeout.as_millis(),
-                    endpoint = moto.endpoint(),
-                    extra = options.extra_config,
-                ),
-            )?;
-            nodes.push(Node {
-                grpc: ports.next().expect("a port per node and use"),
-                resp: ports.next().expect("a port per node and use"),
-                metrics: ports.next().expect("a port per node and use"),
-                base_dir: options.dir.join(&name),
-                log: options.dir.join(format!("{name}.log")),
-                env: options
-                    .env
-                    .iter()
-                    .filter(|(n, _, _)| *n == i)
-                    .map(|(_, k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                name,
-                config,
-                child: None,
-                has_run: false,
-                proxies,
-            });
-        }
+        let config = format!(
+            "num-partitions = {partitions}\n\
+             [log]\nprovider = \"nats\"\n[metadata]\nprovider = \"nats\"\n\
+             [nats]\nservers = [SERVERS]\nreplicas = 3\n\
+             [cluster]\ninitial-nodes = {nodes}\nstandbys = {standbys}\n\
+             node-timeout = \"{timeout}ms\"\n\
+             [worker.snapshots]\ndestination = \"s3://{bucket}/cluster\"\n\
+             endpoint-url = \"{endpoint}\"\nallow-http = true\nregion = \"us-east-1\"\n\
+             {extra}\n",
+            partitions = options.partitions,
+            nodes = options.nodes,
+            standbys = options.standbys,
+            timeout = options.node_timeout.as_millis(),
+            endpoint = moto.endpoint(),
+            extra = options.extra_config,
+        );
         let mut cluster = TestCluster {
             options,
             nats,
-            nodes,
+            nodes: Vec::new(),
+            config,
         };
+        for _ in 0..cluster.options.nodes {
+            let node = cluster.new_node().await?;
+            cluster.nodes.push(node);
+        }
         for i in 0..cluster.nodes.len() {
             cluster.start_node(i)?;
         }
@@ -176,6 +143,58 @@ impl TestCluster {
             bail!("{err:#}\n{}", cluster.log_tails(25));
         }
         Ok(cluster)
+    }
+
+    /// The next node, `n{len + 1}`, not started: its proxies to NATS, ports and configuration.
+    async fn new_node(&self) -> anyhow::Result<Node> {
+        let i = self.nodes.len();
+        let name = format!("n{}", i + 1);
+        let mut proxies = Vec::new();
+        for url in self.nats.urls() {
+            let target: SocketAddr = url
+                .trim_start_matches("nats://")
+                .parse()
+                .context("a NATS server's address")?;
+            proxies.push(Proxy::start(target).await?);
+        }
+        let servers = proxies
+            .iter()
+            .map(|p| format!("\"nats://127.0.0.1:{}\"", p.port()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let dir = &self.options.dir;
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, self.config.replace("SERVERS", &servers))?;
+        let ports = free_addresses(3);
+        Ok(Node {
+            grpc: ports[0],
+            resp: ports[1],
+            metrics: ports[2],
+            base_dir: dir.join(&name),
+            log: dir.join(format!("{name}.log")),
+            env: self
+                .options
+                .env
+                .iter()
+                .filter(|(n, _, _)| *n == i)
+                .map(|(_, k, v)| (k.clone(), v.clone()))
+                .collect(),
+            name,
+            config,
+            child: None,
+            has_run: false,
+            proxies,
+        })
+    }
+
+    /// Starts one more node (`n{len + 1}`), which joins the running cluster; returns its index.
+    /// It gets nothing to run until a scaling operation gives it partitions.
+    pub async fn add_node(&mut self) -> anyhow::Result<usize> {
+        let node = self.new_node().await?;
+        self.nodes.push(node);
+        let i = self.nodes.len() - 1;
+        self.start_node(i)?;
+        Ok(i)
     }
 
     /// Every node's gRPC address (`http://…`).

@@ -17,8 +17,9 @@ mod records;
 pub mod test_util;
 
 pub use records::{
-    ArchivedHistory, ClusterRecord, ControllerLease, Members, NodeRecord, NodeState, Observed,
-    ObservedPartition, ObservedRole, PartitionPlacement, PartitionTable,
+    ArchivedHistory, ClusterRecord, ControllerLease, Members, MoveStep, NodeRecord, NodeState,
+    Observed, ObservedPartition, ObservedRole, Operation, OperationState, Operations,
+    PartitionMove, PartitionPlacement, PartitionTable,
 };
 
 use async_trait::async_trait;

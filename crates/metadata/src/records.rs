@@ -48,6 +48,178 @@ pub struct PartitionPlacement {
     /// Nodes that tail and apply the log, ready to take over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub followers: Vec<NodeId>,
+    /// A planned move of the leadership to this follower (a scaling operation's cutover): the
+    /// leader stops serving the partition, then names this node leader in its place, in one
+    /// conditional write of the table. Nobody takes the leadership while it is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<NodeId>,
+}
+
+/// The scaling operations: the one under way, if any, and the last ones finished, oldest first.
+/// Key: [`Operations::KEY`]. Only one runs at a time; the controller carries it out step by step
+/// and writes every step here, so that another controller resumes where the last stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operations {
+    /// The id the next operation gets.
+    pub next_id: u64,
+    pub operations: Vec<Operation>,
+}
+
+impl Operations {
+    pub const KEY: &'static str = "operations";
+    /// Finished operations kept for `cluster operations list`.
+    pub const FINISHED_KEPT: usize = 16;
+
+    /// The operation that has not finished, if any.
+    pub fn running(&self) -> Option<&Operation> {
+        self.operations.iter().find(|op| !op.state.finished())
+    }
+
+    pub fn running_mut(&mut self) -> Option<&mut Operation> {
+        self.operations.iter_mut().find(|op| !op.state.finished())
+    }
+
+    pub fn get(&self, id: u64) -> Option<&Operation> {
+        self.operations.iter().find(|op| op.id == id)
+    }
+
+    /// Adds `op` under the next id (which it returns), forgetting the oldest finished ones
+    /// beyond [`Operations::FINISHED_KEPT`].
+    pub fn add(&mut self, mut op: Operation) -> u64 {
+        self.next_id = self.next_id.max(1);
+        op.id = self.next_id;
+        self.next_id += 1;
+        self.operations.push(op);
+        while self
+            .operations
+            .iter()
+            .filter(|op| op.state.finished())
+            .count()
+            > Self::FINISHED_KEPT
+        {
+            let oldest = self
+                .operations
+                .iter()
+                .position(|op| op.state.finished())
+                .expect("a finished operation");
+            self.operations.remove(oldest);
+        }
+        self.next_id - 1
+    }
+}
+
+/// One scaling operation: every partition placed, balanced, on `nodes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: u64,
+    /// Who asked for it: `cairnctl` (an operator) or `auto-rebalance` (the controller).
+    pub requested_by: String,
+    /// The nodes the partitions are placed on when it is done.
+    pub nodes: BTreeSet<NodeId>,
+    /// Partitions moved at once, at most.
+    pub max_concurrent_moves: usize,
+    pub state: OperationState,
+    pub created_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+    /// One per partition whose leader or followers change, by partition.
+    pub moves: Vec<PartitionMove>,
+}
+
+/// Where an operation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OperationState {
+    /// Moving partitions.
+    Running,
+    /// Asked to stop: moves not cut over yet are reverted, those cut over finish.
+    Cancelling,
+    /// Every move done.
+    Succeeded,
+    /// Finished, with some moves reverted (each says why).
+    Failed,
+    /// Stopped by `cancel`.
+    Cancelled,
+}
+
+impl OperationState {
+    pub fn finished(self) -> bool {
+        matches!(
+            self,
+            OperationState::Succeeded | OperationState::Failed | OperationState::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationState::Running => "running",
+            OperationState::Cancelling => "cancelling",
+            OperationState::Succeeded => "succeeded",
+            OperationState::Failed => "failed",
+            OperationState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One partition's move: from the placement it had when the operation began to the planned one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionMove {
+    pub partition: PartitionId,
+    pub from_leader: Option<NodeId>,
+    #[serde(default)]
+    pub from_followers: Vec<NodeId>,
+    pub to_leader: NodeId,
+    #[serde(default)]
+    pub to_followers: Vec<NodeId>,
+    pub step: MoveStep,
+    /// When the move entered its step, ms since the Unix epoch by the controller's clock: how
+    /// long a step may take is judged by it (a bound on waiting, never on safety).
+    pub step_since_ms: u64,
+    /// Why the move was reverted, or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A partition move's step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MoveStep {
+    /// Not started: other moves take the operation's concurrency.
+    Waiting,
+    /// The nodes that newly hold the partition follow it: they load the newest snapshot and
+    /// replay the log until they have caught up with the leader.
+    Loading,
+    /// The leader was asked to hand the leadership over to the planned leader.
+    HandingOff,
+    /// The planned leader leads; the nodes that no longer hold the partition are dropped once
+    /// it serves.
+    Dropping,
+    Done,
+    /// Undone, with the reason: the placement is as it was for this partition.
+    Reverted,
+    /// Undone by `cancel` before its cutover.
+    Cancelled,
+}
+
+impl MoveStep {
+    pub fn finished(self) -> bool {
+        matches!(
+            self,
+            MoveStep::Done | MoveStep::Reverted | MoveStep::Cancelled
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoveStep::Waiting => "waiting",
+            MoveStep::Loading => "loading",
+            MoveStep::HandingOff => "handing-off",
+            MoveStep::Dropping => "dropping",
+            MoveStep::Done => "done",
+            MoveStep::Reverted => "reverted",
+            MoveStep::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// The names of every node that ever joined the cluster. Key: [`Members::KEY`].

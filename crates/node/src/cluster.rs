@@ -66,6 +66,8 @@ pub fn controller(
             initial_nodes: config.cluster.initial_nodes,
             standbys: config.cluster.standbys,
         },
+        auto_rebalance: config.cluster.auto_rebalance,
+        move_limits: cairn_controller::MoveLimits::default(),
     };
     let controller = Controller::new(
         metadata,

@@ -107,6 +107,11 @@ pub struct ClusterConfig {
     /// serving two thirds of it after its last successful heartbeat.
     #[serde(with = "humantime_req")]
     pub node_timeout: Duration,
+    /// Whether the controller rebalances by itself when the nodes that serve change (a node
+    /// joined, or one died and its leaderships went to others): it runs the scaling operation
+    /// that `cairnctl cluster scale` runs, on every serving node. Off: a node that joins gets
+    /// nothing until an operator scales.
+    pub auto_rebalance: bool,
 }
 
 impl Default for ClusterConfig {
@@ -115,6 +120,7 @@ impl Default for ClusterConfig {
             initial_nodes: 1,
             standbys: 1,
             node_timeout: cairn_controller::Timing::DEFAULT_NODE_TIMEOUT,
+            auto_rebalance: false,
         }
     }
 }

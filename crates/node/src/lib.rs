@@ -12,6 +12,7 @@ mod forward;
 mod metrics;
 mod node;
 mod open_files;
+mod operations;
 mod partitions;
 mod resp;
 mod scaling;

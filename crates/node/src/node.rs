@@ -939,6 +939,24 @@ async fn reconcile_partition(
                 () = state.partitions.reconcile_one(slot, role) => {}
                 () = cancel.cancelled() => return,
             }
+            if let Some(placement) = table.partitions.get(&id)
+                && placement.leader.as_ref() == Some(&state.node)
+                && let Some(to) = &placement.handoff
+            {
+                let handed = tokio::select! {
+                    handed = state.partitions.hand_off(slot, placement.epoch, to) => handed,
+                    () = cancel.cancelled() => return,
+                };
+                match handed {
+                    Ok(true) => info!(partition = %id, "handed its leadership over to node {to}"),
+                    Ok(false) => {}
+                    Err(err) => tracing::warn!(
+                        partition = %id,
+                        "cannot hand its leadership over to node {to} yet: {err:#}"
+                    ),
+                }
+            }
+            state.partitions.reconciled.notify_one();
         }
         let new_generation = async {
             match &mut generation {
@@ -959,18 +977,25 @@ async fn reconcile_partition(
     }
 }
 
-/// Writes what this node runs (`observed/<node>`) beside the intent, whenever it changed, at
-/// most every heartbeat interval: operators compare the two, and the controller picks the most
-/// caught-up follower by it. Only this node writes its key.
+/// Writes what this node runs (`observed/<node>`) beside the intent: every heartbeat interval
+/// when anything changed, and soon after a partition changed its role (a scaling operation
+/// waits on it). Operators compare the two, and the controller picks the most caught-up
+/// follower by it. Only this node writes its key.
 async fn report_observed(state: Arc<NodeState>, cancel: CancellationToken) {
     let interval = cluster::timing(&state.config).heartbeat_interval();
     let mut written: Option<Observed> = None;
     let mut serving = None;
     loop {
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
+        // Prompted by a partition that may have changed what it runs: written soon, but only if
+        // a role or an epoch changed (applied LSNs alone go out every interval).
+        let prompted = tokio::select! {
+            () = tokio::time::sleep(interval) => false,
+            () = state.partitions.reconciled.notified() => {
+                tokio::time::sleep(REPORT_GATHER).await;
+                true
+            }
             () = cancel.cancelled() => return,
-        }
+        };
         let mut observed = Observed {
             generation: match &state.member {
                 Some(member) => *member.generation().borrow(),
@@ -1013,6 +1038,15 @@ async fn report_observed(state: Arc<NodeState>, cancel: CancellationToken) {
         if written.as_ref() == Some(&observed) {
             continue;
         }
+        let roles = |o: &Observed| -> Vec<_> {
+            o.partitions
+                .iter()
+                .map(|(id, p)| (*id, p.role, p.epoch))
+                .collect()
+        };
+        if prompted && written.as_ref().map(roles) == Some(roles(&observed)) {
+            continue;
+        }
         match put_typed(
             state.metadata.as_ref(),
             &Observed::key(&state.node),
@@ -1026,6 +1060,9 @@ async fn report_observed(state: Arc<NodeState>, cancel: CancellationToken) {
         }
     }
 }
+
+/// How long a report prompted by a change waits for the changes that come with it.
+const REPORT_GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How often a node reconciles what it runs with an unchanged partition table.
 const RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);

@@ -278,6 +278,9 @@ pub(crate) struct Partitions {
     epochs: EpochRaiser,
     /// Ticks whenever this node starts serving a partition as its leader.
     led: tokio::sync::watch::Sender<()>,
+    /// Woken when a partition may have changed what it runs, so that the report of what this
+    /// node runs goes out soon rather than at the next heartbeat.
+    pub reconciled: tokio::sync::Notify,
     /// Every processor this node started, whichever slot state it got to: a bring-up, reconcile
     /// or restore cut short by shutdown leaves one that no slot holds, and shutdown waits for it
     /// all the same (a processor thread still in RocksDB when the process exits makes RocksDB
@@ -355,6 +358,7 @@ impl Partitions {
             table_version: AtomicU64::new(0),
             epochs: EpochRaiser::default(),
             led: tokio::sync::watch::channel(()).0,
+            reconciled: tokio::sync::Notify::new(),
             started: Arc::default(),
         })
     }
@@ -498,6 +502,58 @@ impl Partitions {
         if role == Role::Leader {
             self.led.send_replace(());
         }
+    }
+
+    /// Hands the leadership of `slot`'s partition, led here at `epoch`, over to `to`, as the
+    /// table's handoff asks: once this node no longer leads it (the table's handoff makes its
+    /// role a follower's, so [`Partitions::reconcile_one`] stopped it), in one conditional write
+    /// naming `to` leader and this node a follower. Returns whether it wrote; `false` while this
+    /// node still leads, or when the table no longer asks it.
+    ///
+    /// Holding the slot's lock, no reconcile is under way that could take the leadership again
+    /// between the check and the write; and once the handoff is in the table nobody may take
+    /// the leadership, so no leader serves beside `to` once it is named.
+    pub async fn hand_off(&self, slot: &Slot, epoch: Epoch, to: &NodeId) -> anyhow::Result<bool> {
+        let _one_at_a_time = slot.restoring.lock().await;
+        if let SlotState::Running(partition) = slot.state()
+            && partition.stopped().is_none()
+            && partition.holds_leadership()
+        {
+            return Ok(false);
+        }
+        let node = self.node.clone();
+        let (written, version) = update_typed::<PartitionTable, bool>(
+            self.metadata.as_ref(),
+            PartitionTable::KEY,
+            "partition table",
+            |table| {
+                let Some(mut table) = table else {
+                    return Change::Keep(false);
+                };
+                let Some(placement) = table.partitions.get_mut(&slot.id) else {
+                    return Change::Keep(false);
+                };
+                if placement.leader.as_ref() != Some(&node)
+                    || placement.handoff.as_ref() != Some(to)
+                    || placement.epoch != epoch
+                {
+                    return Change::Keep(false);
+                }
+                placement.leader = Some(to.clone());
+                placement.handoff = None;
+                placement.followers.retain(|f| f != to);
+                if !placement.followers.contains(&node) {
+                    placement.followers.push(node.clone());
+                }
+                Change::Write(table, true)
+            },
+        )
+        .await?;
+        if written {
+            self.table_version
+                .store(version.unwrap_or_default(), Ordering::Relaxed);
+        }
+        Ok(written)
     }
 
     /// Ends when this node next starts serving a partition as its leader.
@@ -1143,7 +1199,15 @@ async fn take_leaderships(
                                 leader: None,
                                 epoch: Default::default(),
                                 followers: Vec::new(),
+                                handoff: None,
                             });
+                    if let Some(to) = &placement.handoff
+                        && cluster
+                    {
+                        return Err(anyhow::anyhow!(
+                            "its leader is handing it over to node {to}"
+                        ));
+                    }
                     if cluster && placement.leader.as_ref() != Some(node) {
                         return Err(anyhow::anyhow!(
                             "the controller placed its leadership on {}",
@@ -1252,6 +1316,7 @@ mod tests {
             leader: Some(NodeId(node.into())),
             epoch: Epoch(4),
             followers: Vec::new(),
+            handoff: None,
         };
         let mut table = PartitionTable::default();
         table.partitions.insert(PartitionId(0), placed("n2"));

@@ -127,7 +127,7 @@ pub async fn plan_placement(
 }
 
 /// The node names of a request: each valid, none twice.
-fn parse_nodes(names: Vec<String>) -> Result<BTreeSet<NodeId>, Status> {
+pub(crate) fn parse_nodes(names: Vec<String>) -> Result<BTreeSet<NodeId>, Status> {
     if names.is_empty() {
         return Err(Status::invalid_argument(
             "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
@@ -226,7 +226,7 @@ async fn copy_sizes(
 }
 
 /// Each member's state as `nodes list` shows it.
-fn node_states(state: &NodeState) -> BTreeMap<NodeId, &'static str> {
+pub(crate) fn node_states(state: &NodeState) -> BTreeMap<NodeId, &'static str> {
     let Some(view) = &state.cluster_view else {
         return BTreeMap::new();
     };
@@ -405,8 +405,8 @@ async fn log_tail(state: &NodeState, id: PartitionId) -> Result<u64, Status> {
         .map_err(|err| Status::unavailable(format!("log {id}: {}", slot.log_problem(&err))))
 }
 
-/// Removes `name` from the cluster's members: only a node that is stopped (dead or left) and
-/// that the placement gives nothing.
+/// Removes `name` from the cluster's members: only a node that the placement gives nothing
+/// (drained by a scaling operation) and that is stopped (dead or left).
 pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> {
     use cairn_metadata::{Change, Members, NodeRecord};
     if !state.config.cluster_mode() {
@@ -429,20 +429,6 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
             "node {node} is not a member of the cluster; `cairnctl nodes list` shows the members"
         )));
     }
-    let record = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
-        .await
-        .map_err(metadata_unavailable)?;
-    let stopped = record.as_ref().is_none_or(|(_, r)| {
-        matches!(
-            r.state,
-            cairn_metadata::NodeState::Dead | cairn_metadata::NodeState::Left
-        )
-    });
-    if !stopped {
-        return Err(Status::failed_precondition(format!(
-            "node {node} is not stopped: stop it first (a running node joins again with its next heartbeat), and remove it once `cairnctl nodes list` shows it dead or left"
-        )));
-    }
     let (_, table) =
         get_typed::<PartitionTable>(metadata, PartitionTable::KEY, "the partition table")
             .await
@@ -455,9 +441,29 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
         .map(|(id, _)| id.to_string())
         .collect();
     if !held.is_empty() {
+        let others: Vec<String> = cairn_controller::plan::led_and_followed(&table)
+            .into_keys()
+            .filter(|n| *n != node)
+            .map(|n| n.0)
+            .collect();
         return Err(Status::failed_precondition(format!(
-            "node {node} still has a role in partitions {}: the controller gives a stopped node's roles to others in the rounds after it is judged dead, unless no other node can take them; remove it once `cairnctl nodes list` shows it leading and following nothing",
-            held.join(", ")
+            "node {node} still has a role in partitions {}: drain it first with `cairnctl cluster scale --nodes {}`, and remove it once `cairnctl nodes list` shows it leading and following nothing",
+            held.join(", "),
+            others.join(",")
+        )));
+    }
+    let record = get_typed::<NodeRecord>(metadata, &NodeRecord::key(&node), "node record")
+        .await
+        .map_err(metadata_unavailable)?;
+    let stopped = record.as_ref().is_none_or(|(_, r)| {
+        matches!(
+            r.state,
+            cairn_metadata::NodeState::Dead | cairn_metadata::NodeState::Left
+        )
+    });
+    if !stopped {
+        return Err(Status::failed_precondition(format!(
+            "node {node} is not stopped: stop it first (a running node joins again with its next heartbeat), and remove it once `cairnctl nodes list` shows it dead or left"
         )));
     }
     cairn_metadata::update_typed::<Members, ()>(metadata, Members::KEY, "member list", |members| {
@@ -497,7 +503,7 @@ pub async fn remove_node(state: &NodeState, name: String) -> Result<(), Status> 
 }
 
 /// A metadata store that did not answer: nothing was changed, and a retry may succeed.
-fn metadata_unavailable(err: cairn_metadata::Error) -> Status {
+pub(crate) fn metadata_unavailable(err: cairn_metadata::Error) -> Status {
     Status::unavailable(format!(
         "the metadata store does not answer: {err}; retry shortly"
     ))

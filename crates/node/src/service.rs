@@ -1251,6 +1251,33 @@ impl v1::admin_server::Admin for AdminService {
         Ok(Response::new(v1::RemoveNodeResponse {}))
     }
 
+    async fn start_scale(
+        &self,
+        request: Request<v1::StartScaleRequest>,
+    ) -> Result<Response<v1::StartScaleResponse>, Status> {
+        crate::operations::start_scale(&self.state, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_operations(
+        &self,
+        _request: Request<v1::ListOperationsRequest>,
+    ) -> Result<Response<v1::ListOperationsResponse>, Status> {
+        crate::operations::list_operations(&self.state)
+            .await
+            .map(Response::new)
+    }
+
+    async fn cancel_operation(
+        &self,
+        request: Request<v1::CancelOperationRequest>,
+    ) -> Result<Response<v1::CancelOperationResponse>, Status> {
+        crate::operations::cancel_operation(&self.state, request.into_inner().id)
+            .await
+            .map(Response::new)
+    }
+
     async fn plan_placement(
         &self,
         request: Request<v1::PlanPlacementRequest>,

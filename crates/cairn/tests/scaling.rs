@@ -1,0 +1,287 @@
+//! Scaling operations on a real cluster (three clustered `nats-server`s, moto, `cairn` nodes)
+//! with clients over gRPC (routing and forwarding) and the Redis port running throughout: a
+//! node joins and the partitions are moved onto it, then off it again, or a node dies in the
+//! middle; the checker must find the whole history linearizable, no key admitted twice in a TTL
+//! window, and no acknowledged write lost, and the operation must end as it says it did.
+
+use cairn_client::{Client, v1};
+use cairn_jepsen::{ClusterOptions, Run, TestCluster, WorkloadOptions};
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// A scenario's folder, kept after the test when `KEEP_CAIRN_TEST_DIRS` is set.
+fn scenario_dir() -> tempfile::TempDir {
+    let keep = std::env::var_os("KEEP_CAIRN_TEST_DIRS").is_some();
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-scaling-")
+        .disable_cleanup(keep)
+        .tempdir()
+        .unwrap();
+    if keep {
+        eprintln!("this scenario's folder: {}", dir.path().display());
+    }
+    dir
+}
+
+/// Three nodes, eight partitions with a follower each, a snapshot every second (so that a
+/// node that loads a partition loads a snapshot and replays the log past it).
+async fn three_nodes(name: &str, dir: &tempfile::TempDir) -> TestCluster {
+    TestCluster::start(ClusterOptions {
+        cairn_bin: env!("CARGO_BIN_EXE_cairn").into(),
+        dir: dir.path().join(name),
+        nodes: 3,
+        partitions: 8,
+        standbys: 1,
+        node_timeout: Duration::from_secs(3),
+        extra_config: "snapshot-interval = \"1s\"\n".into(),
+        env: Vec::new(),
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{name}: start the cluster: {err:#}"))
+}
+
+fn workload(seed: u64) -> WorkloadOptions {
+    WorkloadOptions {
+        seed,
+        ..WorkloadOptions::default()
+    }
+}
+
+/// Finishes `run` and asserts what the checker says.
+async fn check(name: &str, run: Run, cluster: &mut TestCluster) {
+    let outcome = match run.finish(cluster).await {
+        Ok(outcome) => outcome,
+        Err(err) => panic!("{name}: {err:#}\n{}", cluster.log_tails(30)),
+    };
+    eprintln!("{name}: {}; {}", outcome.counts, outcome.report);
+    assert!(
+        outcome.report.is_ok(),
+        "{name}: the history is not what a linearizable store gives:\n{}",
+        outcome.report
+    );
+    assert!(
+        outcome.report.operations > 200,
+        "{name}: too few operations to mean anything: {}",
+        outcome.report
+    );
+}
+
+fn names(range: std::ops::RangeInclusive<usize>) -> Vec<String> {
+    range.map(|i| format!("n{i}")).collect()
+}
+
+/// Adds a fourth node and waits until the cluster lists it alive.
+async fn add_fourth(cluster: &mut TestCluster, client: &Client) {
+    cluster.add_node().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = client.list_nodes().await.unwrap_or_default();
+        if nodes.iter().any(|n| n.name == "n4" && n.state == "alive") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n4 not alive after 60 s: {nodes:?}\n{}",
+            cluster.log_tail(3, 30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Starts an operation placing every partition on `nodes` from the plan the cluster gives now;
+/// returns it and the partitions the plan moves.
+async fn scale(client: &Client, nodes: &[String]) -> (v1::OperationInfo, BTreeSet<u32>) {
+    let plan = client.plan_placement(nodes.to_vec()).await.unwrap();
+    let planned: BTreeSet<u32> = plan.moves.iter().map(|m| m.partition_id).collect();
+    assert!(!planned.is_empty(), "nothing to move: {plan:?}");
+    let op = client
+        .start_scale(v1::StartScaleRequest {
+            nodes: nodes.to_vec(),
+            max_concurrent_moves: 2,
+            partition_table_version: plan.partition_table_version,
+        })
+        .await
+        .unwrap();
+    assert_ne!(op.id, 0, "{op:?}");
+    (op, planned)
+}
+
+/// Waits until operation `id` has finished; returns it as it finished.
+async fn finished(cluster: &TestCluster, id: u64, within: Duration) -> v1::OperationInfo {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    loop {
+        // Any node answers; one that is down or restarting is skipped.
+        if let Ok(client) = cluster.client().await
+            && let Ok(ops) = client.list_operations().await
+            && let Some(op) = ops.into_iter().find(|op| op.id == id)
+        {
+            if matches!(op.state.as_str(), "succeeded" | "failed" | "cancelled") {
+                return op;
+            }
+            last = Some(op);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "operation {id} not finished after {} s: {last:#?}\n{}",
+            within.as_secs(),
+            cluster.log_tails(20)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until some move of operation `id` is in `step` and has `node` among its new holders;
+/// returns the partition.
+async fn a_move_in(cluster: &TestCluster, id: u64, step: &str, node: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Ok(client) = cluster.client().await
+            && let Ok(ops) = client.list_operations().await
+            && let Some(op) = ops.iter().find(|op| op.id == id)
+            && let Some(m) = op.moves.iter().find(|m| {
+                m.step == step && (m.to_leader == node || m.to_followers.iter().any(|f| f == node))
+            })
+        {
+            return m.partition_id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no move of operation {id} reached {step} with {node} after 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Asserts that the placement is balanced on `nodes` (the plan for them moves nothing) and that
+/// every other node that is listed holds nothing.
+async fn balanced_on(client: &Client, nodes: &[String]) {
+    let plan = client.plan_placement(nodes.to_vec()).await.unwrap();
+    assert!(
+        plan.moves.is_empty(),
+        "not balanced on {nodes:?}: {:#?}",
+        plan.moves
+    );
+    for n in &plan.nodes {
+        if !nodes.contains(&n.name) {
+            assert_eq!(
+                (n.leads_before, n.follows_before),
+                (0, 0),
+                "{} still holds partitions",
+                n.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_to_four_nodes_and_back_to_three_under_load() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("out-and-in", &dir).await;
+    let run = Run::start(&cluster, workload(21));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+
+    let four = names(1..=4);
+    let (op, planned) = scale(&client, &four).await;
+    // One at a time: a second is refused, naming the first.
+    let err = client
+        .start_scale(v1::StartScaleRequest {
+            nodes: names(1..=3),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a second operation while one runs");
+    assert!(
+        err.to_string()
+            .contains(&format!("operation {} (cairnctl", op.id)),
+        "{err}"
+    );
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let moved: BTreeSet<u32> = done.moves.iter().map(|m| m.partition_id).collect();
+    assert_eq!(moved, planned, "the partitions moved are the ones planned");
+    balanced_on(&client, &four).await;
+    let listed = client.list_nodes().await.unwrap();
+    let n4 = listed.iter().find(|n| n.name == "n4").unwrap();
+    assert_eq!((n4.leads, n4.follows), (2, 2), "{n4:?}");
+
+    let three = names(1..=3);
+    let (op, planned) = scale(&client, &three).await;
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let moved: BTreeSet<u32> = done.moves.iter().map(|m| m.partition_id).collect();
+    assert_eq!(moved, planned);
+    balanced_on(&client, &three).await;
+    check("3 → 4 → 3 nodes", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_target_killed_while_it_loads_has_its_moves_reverted() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("target-killed", &dir).await;
+    let run = Run::start(&cluster, workload(22));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    a_move_in(&cluster, op.id, "loading", "n4").await;
+    cluster.kill_node(3);
+    let done = finished(&cluster, op.id, Duration::from_secs(120)).await;
+    assert_eq!(done.state, "failed", "{done:#?}");
+    for m in &done.moves {
+        let to_n4 = m.to_leader == "n4" || m.to_followers.iter().any(|f| f == "n4");
+        if to_n4 && m.step != "done" {
+            assert_eq!(m.step, "reverted", "{m:?}");
+            assert!(m.reason.contains("n4"), "{m:?}");
+        }
+    }
+    // The partitions are where they were, on the three nodes left.
+    let listed = client.list_nodes().await.unwrap();
+    let n4 = listed.iter().find(|n| n.name == "n4").unwrap();
+    assert_eq!((n4.leads, n4.follows), (0, 0), "{n4:?}");
+    check("target killed while it loads", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_controllers_node_killed_in_the_middle_of_an_operation() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("controller-killed", &dir).await;
+    let run = Run::start(&cluster, workload(23));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    a_move_in(&cluster, op.id, "done", "n4").await;
+    let controller = cluster.controller().await.unwrap();
+    cluster.kill_node(controller);
+    // Another node's controller takes the operation over and finishes it: moves that needed
+    // the killed node are reverted, the rest done.
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    assert!(
+        done.moves
+            .iter()
+            .all(|m| m.step == "done" || m.step == "reverted"),
+        "{done:#?}"
+    );
+    cluster.start_node(controller).unwrap();
+    // Once the node is back, the same scale completes what was reverted.
+    let client = cluster.client().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !client
+        .list_nodes()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .all(|n| n.state == "alive")
+    {
+        assert!(Instant::now() < deadline, "not every node alive again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let plan = client.plan_placement(names(1..=4)).await.unwrap();
+    if !plan.moves.is_empty() {
+        let (again, _) = scale(&client, &names(1..=4)).await;
+        let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
+        assert_eq!(done.state, "succeeded", "{done:#?}");
+    }
+    balanced_on(&client, &names(1..=4)).await;
+    check("controller killed mid-operation", run, &mut cluster).await;
+}
