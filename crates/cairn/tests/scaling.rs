@@ -26,6 +26,14 @@ fn scenario_dir() -> tempfile::TempDir {
 /// Three nodes, eight partitions with a follower each, a snapshot every second (so that a
 /// node that loads a partition loads a snapshot and replays the log past it).
 async fn three_nodes(name: &str, dir: &tempfile::TempDir) -> TestCluster {
+    three_nodes_with(name, dir, Vec::new()).await
+}
+
+async fn three_nodes_with(
+    name: &str,
+    dir: &tempfile::TempDir,
+    env: Vec<(usize, String, String)>,
+) -> TestCluster {
     TestCluster::start(ClusterOptions {
         cairn_bin: env!("CARGO_BIN_EXE_cairn").into(),
         dir: dir.path().join(name),
@@ -34,7 +42,7 @@ async fn three_nodes(name: &str, dir: &tempfile::TempDir) -> TestCluster {
         standbys: 1,
         node_timeout: Duration::from_secs(3),
         extra_config: "snapshot-interval = \"1s\"\n".into(),
-        env: Vec::new(),
+        env,
     })
     .await
     .unwrap_or_else(|err| panic!("{name}: start the cluster: {err:#}"))
@@ -134,22 +142,36 @@ async fn finished(cluster: &TestCluster, id: u64, within: Duration) -> v1::Opera
 /// Waits until some move of operation `id` is in `step` and has `node` among its new holders;
 /// returns the partition.
 async fn a_move_in(cluster: &TestCluster, id: u64, step: &str, node: &str) -> u32 {
+    a_move_where(cluster, id, |m| {
+        m.step == step && (m.to_leader == node || m.to_followers.iter().any(|f| f == node))
+    })
+    .await
+    .partition_id
+}
+
+/// Waits until some move of operation `id` is as `wanted`; returns it.
+async fn a_move_where(
+    cluster: &TestCluster,
+    id: u64,
+    wanted: impl Fn(&v1::MoveInfo) -> bool,
+) -> v1::MoveInfo {
     let deadline = Instant::now() + Duration::from_secs(90);
+    let mut last = None;
     loop {
         if let Ok(client) = cluster.client().await
             && let Ok(ops) = client.list_operations().await
-            && let Some(op) = ops.iter().find(|op| op.id == id)
-            && let Some(m) = op.moves.iter().find(|m| {
-                m.step == step && (m.to_leader == node || m.to_followers.iter().any(|f| f == node))
-            })
+            && let Some(op) = ops.into_iter().find(|op| op.id == id)
         {
-            return m.partition_id;
+            if let Some(m) = op.moves.iter().find(|m| wanted(m)) {
+                return m.clone();
+            }
+            last = Some(op);
         }
         assert!(
             Instant::now() < deadline,
-            "no move of operation {id} reached {step} with {node} after 90 s"
+            "no move of operation {id} as wanted after 90 s: {last:#?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -284,4 +306,86 @@ async fn the_controllers_node_killed_in_the_middle_of_an_operation() {
     }
     balanced_on(&client, &names(1..=4)).await;
     check("controller killed mid-operation", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_new_leader_killed_just_after_its_cutover() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("after-cutover", &dir).await;
+    let run = Run::start(&cluster, workload(24));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    a_move_where(&cluster, op.id, |m| {
+        m.to_leader == "n4" && (m.step == "dropping" || m.step == "done")
+    })
+    .await;
+    cluster.kill_node(3);
+    // What n4 took over fails over to its followers; the moves still to come revert.
+    let done = finished(&cluster, op.id, Duration::from_secs(120)).await;
+    assert_eq!(done.state, "failed", "{done:#?}");
+    let listed = client.list_nodes().await.unwrap();
+    let n4 = listed.iter().find(|n| n.name == "n4").unwrap();
+    assert_eq!(n4.leads, 0, "{n4:?}");
+    check("new leader killed after its cutover", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_leader_killed_in_the_middle_of_its_move() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("source-killed", &dir).await;
+    let run = Run::start(&cluster, workload(25));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    let m = a_move_where(&cluster, op.id, |m| {
+        m.step == "loading" && m.to_leader == "n4" && !m.from_leader.is_empty()
+    })
+    .await;
+    let source: usize = m
+        .from_leader
+        .trim_start_matches('n')
+        .parse::<usize>()
+        .unwrap()
+        - 1;
+    cluster.kill_node(source);
+    let done = finished(&cluster, op.id, Duration::from_secs(120)).await;
+    // The killed node's partitions fail over; the move goes on from its new leader, or is
+    // reverted if it needed the killed node.
+    let after = done
+        .moves
+        .iter()
+        .find(|x| x.partition_id == m.partition_id)
+        .unwrap();
+    assert!(
+        after.step == "done" || after.step == "reverted",
+        "{after:?}"
+    );
+    cluster.start_node(source).unwrap();
+    check("source leader killed mid-move", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_auto_rebalance_a_node_that_joins_gets_its_share() {
+    let dir = scenario_dir();
+    let auto: Vec<(usize, String, String)> = (0..4)
+        .map(|i| (i, "CAIRN_CLUSTER__AUTO_REBALANCE".into(), "true".into()))
+        .collect();
+    let mut cluster = three_nodes_with("auto", &dir, auto).await;
+    let run = Run::start(&cluster, workload(26));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let id = loop {
+        let ops = client.list_operations().await.unwrap_or_default();
+        if let Some(op) = ops.iter().find(|op| op.requested_by == "auto-rebalance") {
+            break op.id;
+        }
+        assert!(Instant::now() < deadline, "no automatic operation: {ops:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let done = finished(&cluster, id, Duration::from_secs(180)).await;
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    balanced_on(&client, &names(1..=4)).await;
+    check("auto-rebalance onto a new node", run, &mut cluster).await;
 }
