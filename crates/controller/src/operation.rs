@@ -153,16 +153,7 @@ pub fn advance(
         return;
     }
     let cancelling = op.state == OperationState::Cancelling;
-    let mut active = op
-        .moves
-        .iter()
-        .filter(|m| {
-            matches!(
-                m.step,
-                MoveStep::Loading | MoveStep::HandingOff | MoveStep::Dropping
-            )
-        })
-        .count();
+    let mut active = op.moves.iter().filter(|m| m.step.under_way()).count();
     for m in &mut op.moves {
         if m.step.finished() {
             continue;
@@ -479,16 +470,7 @@ mod tests {
         let limits = MoveLimits::default();
         for round in 1..=200 {
             advance(op, table, view, &limits);
-            let active = op
-                .moves
-                .iter()
-                .filter(|m| {
-                    matches!(
-                        m.step,
-                        MoveStep::Loading | MoveStep::HandingOff | MoveStep::Dropping
-                    )
-                })
-                .count();
+            let active = op.moves.iter().filter(|m| m.step.under_way()).count();
             assert!(active <= op.max_concurrent_moves, "{active} moves at once");
             for p in table.partitions.values() {
                 if let Some(to) = &p.handoff {

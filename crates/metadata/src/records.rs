@@ -202,6 +202,14 @@ pub enum MoveStep {
 }
 
 impl MoveStep {
+    /// Started and not finished: it counts against the operation's concurrency.
+    pub fn under_way(self) -> bool {
+        matches!(
+            self,
+            MoveStep::Loading | MoveStep::HandingOff | MoveStep::Dropping
+        )
+    }
+
     pub fn finished(self) -> bool {
         matches!(
             self,

@@ -4,12 +4,12 @@
 //! node only checks the request and writes the record.
 
 use crate::node::NodeState;
-use crate::scaling::{metadata_unavailable, node_states, parse_nodes};
-use cairn_api::v1;
-use cairn_controller::{PlacementOptions, RebalanceError};
-use cairn_metadata::{
-    Change, Operation, OperationState, Operations, PartitionTable, get_typed, update_typed,
+use crate::scaling::{
+    metadata_unavailable, node_states, parse_nodes, placed_table, placement_options,
+    rebalance_refused,
 };
+use cairn_api::v1;
+use cairn_metadata::{Change, Operation, OperationState, Operations, get_typed, update_typed};
 use tonic::Status;
 
 /// Partitions an operation moves at once unless asked otherwise.
@@ -68,29 +68,14 @@ pub async fn start_scale(
     if let Some(running) = recorded.as_ref().and_then(|(_, ops)| ops.running()) {
         return Err(one_at_a_time(running));
     }
-    let (version, table) = get_typed::<PartitionTable>(
-        state.metadata.as_ref(),
-        PartitionTable::KEY,
-        "the partition table",
-    )
-    .await
-    .map_err(metadata_unavailable)?
-    .ok_or_else(|| {
-        Status::failed_precondition(
-            "the cluster has not placed its partitions yet (it waits for its initial nodes): there is nothing to move",
-        )
-    })?;
+    let (version, table) = placed_table(state).await?;
     if request.partition_table_version != 0 && request.partition_table_version != version {
         return Err(Status::aborted(format!(
             "the placement changed since the plan was made (partition table version {} then, {version} now): run the command again to see the plan as it is now",
             request.partition_table_version
         )));
     }
-    let options = PlacementOptions {
-        num_partitions: state.num_partitions(),
-        initial_nodes: state.config.cluster.initial_nodes,
-        standbys: state.config.cluster.standbys,
-    };
+    let options = placement_options(state);
     let op = cairn_controller::new_operation(
         &table,
         &nodes,
@@ -99,12 +84,7 @@ pub async fn start_scale(
         "cairnctl",
         crate::cluster::now_ms(),
     )
-    .map_err(|err| match err {
-        RebalanceError::NoNodes => Status::invalid_argument(
-            "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
-        ),
-        RebalanceError::NoPartitions => Status::failed_precondition(err.to_string()),
-    })?;
+    .map_err(rebalance_refused)?;
     if op.moves.is_empty() {
         return Ok(v1::StartScaleResponse {
             operation: Some(info(&op)),

@@ -25,30 +25,10 @@ pub async fn plan_placement(
         ));
     }
     let on = parse_nodes(names)?;
-    let (version, table) = get_typed::<PartitionTable>(
-        state.metadata.as_ref(),
-        PartitionTable::KEY,
-        "the partition table",
-    )
-    .await
-    .map_err(metadata_unavailable)?
-    .ok_or_else(|| {
-        Status::failed_precondition(
-            "the cluster has not placed its partitions yet (it waits for its initial nodes): there is nothing to move",
-        )
-    })?;
+    let (version, table) = placed_table(state).await?;
     let num_partitions = state.num_partitions();
-    let options = PlacementOptions {
-        num_partitions,
-        initial_nodes: state.config.cluster.initial_nodes,
-        standbys: state.config.cluster.standbys,
-    };
-    let plan = cairn_controller::rebalance(&table, &on, &options).map_err(|err| match err {
-        RebalanceError::NoNodes => Status::invalid_argument(
-            "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
-        ),
-        RebalanceError::NoPartitions => Status::failed_precondition(err.to_string()),
-    })?;
+    let options = placement_options(state);
+    let plan = cairn_controller::rebalance(&table, &on, &options).map_err(rebalance_refused)?;
 
     let copied: BTreeSet<PartitionId> = plan
         .moves
@@ -124,6 +104,41 @@ pub async fn plan_placement(
         unmoved: plan.unmoved as u32,
         partition_table_version: version,
     })
+}
+
+/// The partition table and its version, once the cluster has placed its partitions.
+pub(crate) async fn placed_table(state: &NodeState) -> Result<(u64, PartitionTable), Status> {
+    get_typed::<PartitionTable>(
+        state.metadata.as_ref(),
+        PartitionTable::KEY,
+        "the partition table",
+    )
+    .await
+    .map_err(metadata_unavailable)?
+    .ok_or_else(|| {
+        Status::failed_precondition(
+            "the cluster has not placed its partitions yet (it waits for its initial nodes): there is nothing to move",
+        )
+    })
+}
+
+/// How this node's configuration places partitions.
+pub(crate) fn placement_options(state: &NodeState) -> PlacementOptions {
+    PlacementOptions {
+        num_partitions: state.num_partitions(),
+        initial_nodes: state.config.cluster.initial_nodes,
+        standbys: state.config.cluster.standbys,
+    }
+}
+
+/// Why the rebalancing planner gives no placement, as an answer to the caller.
+pub(crate) fn rebalance_refused(err: RebalanceError) -> Status {
+    match err {
+        RebalanceError::NoNodes => Status::invalid_argument(
+            "name the nodes to place the partitions on, e.g. --nodes n1,n2,n3,n4",
+        ),
+        RebalanceError::NoPartitions => Status::failed_precondition(err.to_string()),
+    }
 }
 
 /// The node names of a request: each valid, none twice.
