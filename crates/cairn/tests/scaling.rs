@@ -34,6 +34,17 @@ async fn three_nodes_with(
     dir: &tempfile::TempDir,
     env: Vec<(usize, String, String)>,
 ) -> TestCluster {
+    three_nodes_configured(name, dir, env, "snapshot-interval = \"1s\"\n").await
+}
+
+/// Three nodes as [`three_nodes`] has them, with `snapshots` as their `[worker.snapshots]`
+/// settings.
+async fn three_nodes_configured(
+    name: &str,
+    dir: &tempfile::TempDir,
+    env: Vec<(usize, String, String)>,
+    snapshots: &str,
+) -> TestCluster {
     TestCluster::start(ClusterOptions {
         cairn_bin: env!("CARGO_BIN_EXE_cairn").into(),
         dir: dir.path().join(name),
@@ -41,7 +52,7 @@ async fn three_nodes_with(
         partitions: 8,
         standbys: 1,
         node_timeout: Duration::from_secs(3),
-        extra_config: "snapshot-interval = \"1s\"\n".into(),
+        extra_config: snapshots.into(),
         env,
     })
     .await
@@ -199,7 +210,11 @@ async fn balanced_on(client: &Client, nodes: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_to_four_nodes_and_back_to_three_under_load() {
     let dir = scenario_dir();
-    let mut cluster = three_nodes("out-and-in", &dir).await;
+    // Stores of partitions moved away are deleted two seconds after.
+    let grace: Vec<(usize, String, String)> = (0..4)
+        .map(|i| (i, "CAIRN_CLUSTER__DROP_MOVED_AFTER".into(), "2s".into()))
+        .collect();
+    let mut cluster = three_nodes_with("out-and-in", &dir, grace).await;
     let run = Run::start(&cluster, workload(21));
     let client = cluster.client().await.unwrap();
     add_fourth(&mut cluster, &client).await;
@@ -227,6 +242,11 @@ async fn three_to_four_nodes_and_back_to_three_under_load() {
     let listed = client.list_nodes().await.unwrap();
     let n4 = listed.iter().find(|n| n.name == "n4").unwrap();
     assert_eq!((n4.leads, n4.follows), (2, 2), "{n4:?}");
+    assert_eq!(
+        store_folders(&cluster.nodes[3].base_dir).len(),
+        4,
+        "n4 keeps a store for each partition it holds"
+    );
 
     let three = names(1..=3);
     let (op, planned) = scale(&client, &three).await;
@@ -235,7 +255,43 @@ async fn three_to_four_nodes_and_back_to_three_under_load() {
     let moved: BTreeSet<u32> = done.moves.iter().map(|m| m.partition_id).collect();
     assert_eq!(moved, planned);
     balanced_on(&client, &three).await;
+    // n4 holds nothing any more, and deletes what it held.
+    let n4 = cluster.nodes[3].base_dir.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !store_folders(&n4).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "n4 still has partition stores 30 s after it was drained: {:?}\n{}",
+            store_folders(&n4),
+            cluster.log_tail(3, 30)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     check("3 → 4 → 3 nodes", run, &mut cluster).await;
+}
+
+/// The partition stores' folders (`partition-<id>.<generation>`) anywhere under `dir`.
+fn store_folders(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("partition-")
+            {
+                found.push(path);
+            } else {
+                pending.push(path);
+            }
+        }
+    }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -388,4 +444,114 @@ async fn with_auto_rebalance_a_node_that_joins_gets_its_share() {
     assert_eq!(done.state, "succeeded", "{done:#?}");
     balanced_on(&client, &names(1..=4)).await;
     check("auto-rebalance onto a new node", run, &mut cluster).await;
+}
+
+/// Snapshots `partition` on its leader; returns the snapshot's id.
+async fn snapshot(client: &Client, partition: u32) -> String {
+    let mut progress = client
+        .create_snapshot(partition, None, false)
+        .await
+        .unwrap();
+    while let Some(message) = progress.message().await.unwrap() {
+        if let Some(done) = message.done {
+            return done.snapshot_id;
+        }
+    }
+    panic!("the snapshot of partition {partition} ended without saying what it published");
+}
+
+/// The keys of a snapshot's files, from its metadata.
+async fn snapshot_files(client: &Client, snapshot_id: &str) -> BTreeSet<String> {
+    let metadata: serde_json::Value =
+        serde_json::from_str(&client.describe_snapshot(snapshot_id).await.unwrap()).unwrap();
+    metadata["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupt_newest_snapshot_of_a_moving_partition_is_never_loaded() {
+    let dir = scenario_dir();
+    // No automatic snapshots: the corrupt one stays the newest.
+    let mut cluster = three_nodes_configured("corrupt-snapshot", &dir, Vec::new(), "").await;
+    let run = Run::start(&cluster, workload(27));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let four = names(1..=4);
+    let plan = client.plan_placement(four.clone()).await.unwrap();
+    let onto_n4: BTreeSet<u32> = plan
+        .moves
+        .iter()
+        .filter(|m| m.to == "n4")
+        .map(|m| m.partition_id)
+        .collect();
+    assert!(!onto_n4.is_empty(), "nothing moves onto n4: {plan:?}");
+
+    // Per partition that moves onto n4: an older snapshot, writes, a newer one with a byte
+    // flipped in a file that only it has.
+    let mut snapshots = Vec::new();
+    for &p in &onto_n4 {
+        let older = snapshot(&client, p).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let newer = snapshot(&client, p).await;
+        assert_ne!(
+            older, newer,
+            "partition {p} had no writes between its snapshots"
+        );
+        let older_files = snapshot_files(&client, &older).await;
+        let victim = snapshot_files(&client, &newer)
+            .await
+            .into_iter()
+            .find(|k| !older_files.contains(k))
+            .unwrap_or_else(|| panic!("snapshot {newer} has no file of its own"));
+        cluster.flip_a_byte_in_repository(p, &victim).await.unwrap();
+        snapshots.push((p, older, newer));
+    }
+
+    let op = client
+        .start_scale(v1::StartScaleRequest {
+            nodes: four.clone(),
+            max_concurrent_moves: 2,
+            partition_table_version: plan.partition_table_version,
+        })
+        .await
+        .unwrap();
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    // Nothing trims the log here, so n4 refuses every corrupt snapshot, loads the older one of its
+    // partition and replays the log past it; every move is made.
+    let log = std::fs::read_to_string(&cluster.nodes[3].log).unwrap();
+    for (p, older, newer) in &snapshots {
+        let m = done.moves.iter().find(|m| m.partition_id == *p).unwrap();
+        assert_eq!(m.step, "done", "partition {p}: {m:?}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains("snapshot not used for restore") && l.contains(newer.as_str())),
+            "n4 does not say it refused snapshot {newer} of partition {p}:\n{}",
+            cluster.log_tail(3, 60)
+        );
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("Restored partition from snapshot")
+                    && l.contains(&format!("snapshot_id={newer}"))),
+            "n4 restored the corrupt snapshot {newer}"
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains("Restored partition from snapshot")
+                    && l.contains(&format!("snapshot_id={older}"))),
+            "partition {p} moved, but n4 does not say it restored snapshot {older}:\n{}",
+            cluster.log_tail(3, 60)
+        );
+    }
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    balanced_on(&client, &four).await;
+    check(
+        "corrupt newest snapshot of a moving partition",
+        run,
+        &mut cluster,
+    )
+    .await;
 }

@@ -9,9 +9,11 @@ use anyhow::{Context, bail};
 use cairn_client::{Client, ClientOptions};
 use cairn_metadata::test_util::NatsCluster;
 use cairn_snapshots::test_util::moto;
+use object_store::{ObjectStore, ObjectStoreExt};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the cluster is made of.
@@ -73,6 +75,8 @@ pub struct TestCluster {
     pub nodes: Vec<Node>,
     /// Every node's configuration file, but for `SERVERS` (its proxies to the NATS servers).
     config: String,
+    /// The bucket of the shared snapshot repository, in moto.
+    repository: Arc<dyn ObjectStore>,
 }
 
 /// The `cairn` binary: `given`, or the one beside the running executable.
@@ -126,11 +130,21 @@ impl TestCluster {
             endpoint = moto.endpoint(),
             extra = options.extra_config,
         );
+        let repository = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(moto.endpoint())
+            .with_bucket_name(&bucket)
+            .with_region("us-east-1")
+            .with_allow_http(true)
+            .with_access_key_id("testing")
+            .with_secret_access_key("testing")
+            .build()
+            .context("open moto's bucket")?;
         let mut cluster = TestCluster {
             options,
             nats,
             nodes: Vec::new(),
             config,
+            repository: Arc::new(repository),
         };
         for _ in 0..cluster.options.nodes {
             let node = cluster.new_node().await?;
@@ -195,6 +209,35 @@ impl TestCluster {
         let i = self.nodes.len() - 1;
         self.start_node(i)?;
         Ok(i)
+    }
+
+    /// The shared snapshot repository's bucket (in moto).
+    pub fn repository(&self) -> &Arc<dyn ObjectStore> {
+        &self.repository
+    }
+
+    /// Where [`TestCluster::repository`] keeps `key` (a file's key in a snapshot's metadata,
+    /// e.g. `ssts/….sst`) of partition `partition`.
+    pub fn repository_path(partition: u32, key: &str) -> object_store::path::Path {
+        key.split('/').filter(|segment| !segment.is_empty()).fold(
+            object_store::path::Path::from("cluster").join(partition.to_string().as_str()),
+            |path, segment| path.join(segment),
+        )
+    }
+
+    /// Flips a byte in the middle of `key` (see [`TestCluster::repository_path`]) in the shared
+    /// snapshot repository: damage that only a snapshot's checksums can find.
+    pub async fn flip_a_byte_in_repository(&self, partition: u32, key: &str) -> anyhow::Result<()> {
+        let location = Self::repository_path(partition, key);
+        let stored = self.repository.get(&location).await?.bytes().await?;
+        anyhow::ensure!(!stored.is_empty(), "{location} is empty");
+        let mut bytes = stored.to_vec();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x55;
+        self.repository
+            .put(&location, bytes::Bytes::from(bytes).into())
+            .await?;
+        Ok(())
     }
 
     /// Every node's gRPC address (`http://…`).

@@ -8,6 +8,7 @@
 //! both run [`Run`]s.
 
 pub mod cluster;
+pub mod measure;
 pub mod proxy;
 pub mod workload;
 

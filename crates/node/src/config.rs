@@ -112,6 +112,12 @@ pub struct ClusterConfig {
     /// that `cairnctl cluster scale` runs, on every serving node. Off: a node that joins gets
     /// nothing until an operator scales.
     pub auto_rebalance: bool,
+    /// How long a node keeps the local store of a partition that the placement has put on other
+    /// nodes only (a scaling operation moved it away, or others took it over while this node
+    /// was judged dead) before it deletes it. A move reverted within it catches up from the
+    /// store instead of loading a snapshot.
+    #[serde(with = "humantime_req")]
+    pub drop_moved_after: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -121,6 +127,7 @@ impl Default for ClusterConfig {
             standbys: 1,
             node_timeout: cairn_controller::Timing::DEFAULT_NODE_TIMEOUT,
             auto_rebalance: false,
+            drop_moved_after: Duration::from_secs(600),
         }
     }
 }

@@ -957,6 +957,16 @@ async fn reconcile_partition(
                 }
             }
             state.partitions.reconciled.notify_one();
+            if role == cluster::Role::None {
+                let grace = state.config.cluster.drop_moved_after;
+                let dropped = tokio::select! {
+                    dropped = state.partitions.drop_moved_away(slot, grace) => dropped,
+                    () = cancel.cancelled() => return,
+                };
+                if let Err(err) = dropped {
+                    tracing::warn!(partition = %id, "cannot delete its local store: {err}");
+                }
+            }
         }
         let new_generation = async {
             match &mut generation {

@@ -38,6 +38,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 use tracing::{error, info, warn};
 
+/// How long a leader that steps down waits for the writes it has in flight to be answered.
+const STEP_DOWN_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Partitions brought up at once at start: a long restore of one leaves the others coming up.
 const BRING_UP_CONCURRENCY: usize = 4;
 
@@ -109,6 +112,9 @@ pub(crate) struct Slot {
     /// One compaction at a time. A restore takes it too (first), so that it waits for a
     /// compaction under way; trims do not, so a long compaction holds up no trim.
     compacting: tokio::sync::Mutex<()>,
+    /// In a cluster: since when the partition table has placed the partition on other nodes only
+    /// (as the last reconcile found it); `None` while this node leads or follows it.
+    placed_elsewhere_since: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Slot {
@@ -135,6 +141,29 @@ impl Slot {
 
     fn set(&self, state: SlotState) {
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    /// Notes the role the partition table gives this node: the clock of
+    /// [`Partitions::drop_moved_away`] starts when it first gives none.
+    fn note_role(&self, role: Role) {
+        let mut since = self
+            .placed_elsewhere_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match role {
+            Role::None => {
+                since.get_or_insert_with(Instant::now);
+            }
+            Role::Leader | Role::Follower => *since = None,
+        }
+    }
+
+    /// Whether the partition table has placed the partition on other nodes only for `grace`.
+    fn placed_elsewhere_for(&self, grace: std::time::Duration) -> bool {
+        self.placed_elsewhere_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|since| since.elapsed() >= grace)
     }
 
     /// The running partition, or why there is none.
@@ -341,6 +370,7 @@ impl Partitions {
                 state: RwLock::new(state),
                 restoring: tokio::sync::Mutex::new(()),
                 compacting: tokio::sync::Mutex::new(()),
+                placed_elsewhere_since: std::sync::Mutex::new(None),
             });
         }
         Ok(Partitions {
@@ -424,6 +454,7 @@ impl Partitions {
     /// the next call.
     pub async fn reconcile_one(&self, slot: &Slot, role: Role) {
         let _one_at_a_time = slot.restoring.lock().await;
+        slot.note_role(role);
         let running = match slot.state() {
             // A processor that stopped (its log was trimmed past its store, say) starts again,
             // restoring first if it must.
@@ -463,6 +494,14 @@ impl Partitions {
                 // Led here, now placed elsewhere (or this node stops following it): stop,
                 // and follow again below if it should.
                 Role::Follower | Role::None => {
+                    if !partition.step_down(STEP_DOWN_DRAIN).await {
+                        warn!(
+                            partition = %slot.id,
+                            "stepped down with writes still unanswered after {} ms: their \
+                             callers are told they may or may not have taken effect",
+                            STEP_DOWN_DRAIN.as_millis()
+                        );
+                    }
                     partition.shutdown().await;
                     slot.set(SlotState::Elsewhere);
                 }
@@ -556,6 +595,48 @@ impl Partitions {
         Ok(written)
     }
 
+    /// Deletes the local store of `slot`'s partition once the partition table has placed it on
+    /// other nodes only for `grace` (a scaling operation moved it away, or others took it over
+    /// while this node was judged dead): its data lives on in the log and the snapshots, and
+    /// on the nodes that hold it now. A move reverted within `grace` finds the store still here,
+    /// and catches up from it. Returns whether it deleted a store.
+    pub async fn drop_moved_away(&self, slot: &Slot, grace: std::time::Duration) -> Result<bool> {
+        if !slot.placed_elsewhere_for(grace) {
+            return Ok(false);
+        }
+        // As a restore takes them: no compaction and no reconcile runs meanwhile.
+        let _no_compaction = slot.compacting.lock().await;
+        let _one_at_a_time = slot.restoring.lock().await;
+        if !matches!(slot.state(), SlotState::Elsewhere) || !slot.placed_elsewhere_for(grace) {
+            return Ok(false);
+        }
+        let (stores, id) = (self.stores.clone(), slot.id);
+        let dropped = blocking(
+            id,
+            "drop the store of a partition placed elsewhere",
+            move || {
+                if stores.partition(id).is_none() {
+                    return Ok(false);
+                }
+                stores.drop_partition(id).map(|()| true)
+            },
+        )
+        .await?
+        .map_err(|source| Error::Storage {
+            partition: id,
+            context: "drop the store of a partition placed elsewhere",
+            source: source.into(),
+        })?;
+        if dropped {
+            info!(
+                partition = %id,
+                grace_s = grace.as_secs(),
+                "deleted the local store of a partition placed on other nodes only"
+            );
+        }
+        Ok(dropped)
+    }
+
     /// Ends when this node next starts serving a partition as its leader.
     pub async fn led_anew(&self) {
         let mut led = self.led.subscribe();
@@ -615,7 +696,18 @@ impl Partitions {
             Ok::<_, NotStarted>((existing, applied))
         })
         .await??;
-        let log = slot.log.state().await.map_err(NotStarted::LogState)?;
+        // Asked of the log itself: what this node has seen of a log it has not read lately (a
+        // partition it starts to follow) may be far behind, and a snapshot past that would look
+        // taken from another log, and a store past it ahead of the log.
+        // If the log cannot say (a stream that JetStream answers for only once it has settled),
+        // what this node has seen will do: it is never ahead of the log.
+        let log = match slot.log.find_tail().await {
+            Ok(log) => log,
+            Err(err) => {
+                warn!(partition = %id, "ask the log where it ends: {err}; going by what this node has seen of it");
+                slot.log.state().await.map_err(NotStarted::LogState)?
+            }
+        };
         let trim_point = log.trim_point;
         if log.tail < applied {
             // Checked before the processor starts and anything is appended: the next append
@@ -837,7 +929,7 @@ impl Partitions {
         if let SlotState::Running(partition) = &previous {
             partition.shutdown().await;
         }
-        let log = match slot.log.state().await {
+        let log = match slot.log.find_tail().await {
             Ok(state) => state,
             Err(err) => {
                 let err = Error::Restore {

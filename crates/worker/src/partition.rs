@@ -148,6 +148,8 @@ pub struct Partition {
     /// began: it holds every write acknowledged before then (see
     /// [`Partition::bounded_read_share`]).
     caught_up_at: AtomicU64,
+    /// Set by [`Partition::step_down`]: no write is proposed after it.
+    stepped_down: std::sync::atomic::AtomicBool,
     /// Held by the catch-up check under way, which concurrent bounded reads wait for and share.
     catching_up: tokio::sync::Mutex<()>,
     cancel: CancellationToken,
@@ -239,6 +241,7 @@ impl Partition {
             exports,
             fence: std::sync::OnceLock::new(),
             caught_up_at: AtomicU64::new(0),
+            stepped_down: std::sync::atomic::AtomicBool::new(false),
             catching_up: tokio::sync::Mutex::new(()),
             cancel,
             thread: tokio::sync::Mutex::new(Some((finished, thread))),
@@ -309,6 +312,8 @@ impl Partition {
             self.halt(&err);
             return Err(err);
         }
+        // A leadership taken anew after a step-down proposes again.
+        self.stepped_down.store(false, Ordering::SeqCst);
         let command = Command::AnnounceLeader {
             epoch,
             node: self.shared.node.clone(),
@@ -696,6 +701,25 @@ impl Partition {
         }
     }
 
+    /// Stops serving as the leader (new requests are refused as "not the leader", naming no
+    /// leader, so that clients look for the new one) and waits until every write proposed
+    /// before has been answered, for at most `within`: a planned handoff then fails no write
+    /// in flight. Returns whether they all were.
+    pub async fn step_down(&self, within: Duration) -> bool {
+        self.stepped_down.store(true, Ordering::SeqCst);
+        *self.epoch_led.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.shared.lock_waiters().is_empty() {
+                return true;
+            }
+            if self.shared.stopped_reason().is_some() || tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// The epoch this node serves with, if it is the partition's current leader.
     pub fn serving_epoch(&self) -> Result<Epoch> {
         self.serving().map(|(epoch, _)| epoch)
@@ -732,9 +756,13 @@ impl Partition {
                 }
                 Ok((led, lease))
             }
+            // A leadership this node gave up (a step-down) is not named: the clients would
+            // only come back here.
             (_, current) => Err(Error::NotLeader {
                 partition: self.id(),
-                leader: current.map(|l| l.node),
+                leader: current
+                    .map(|l| l.node)
+                    .filter(|node| *node != self.shared.node),
             }),
         }
     }
@@ -789,6 +817,14 @@ impl Partition {
             return Err(Error::Stopped {
                 partition: self.id(),
                 reason,
+            });
+        }
+        // Checked after registering, as the stop is: a step-down sets it before it waits for the
+        // registered waiters, so either it waits for this one or this refuses it.
+        if self.stepped_down.load(Ordering::SeqCst) {
+            return Err(Error::NotLeader {
+                partition: self.id(),
+                leader: None,
             });
         }
         // A full store refuses new writes at once; checked after registering for the same

@@ -1345,3 +1345,35 @@ async fn a_follower_answers_a_bounded_staleness_read_only_once_it_holds_what_was
     assert_eq!(read_one(share.unwrap()).await.as_deref(), Some(&b"v2"[..]));
     f.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_steps_down_answers_the_writes_in_flight_and_takes_no_more() {
+    let f = Fixture::new().await;
+    let (stores, n1) = f.leading_n1(1_000).await;
+    // Writes in flight when the step-down begins: each is answered as done, none as "may or may
+    // not have taken effect".
+    let writes: Vec<_> = (0..50)
+        .map(|i| {
+            let n1 = n1.clone();
+            tokio::spawn(async move { n1.put(put(&format!("k{i}"), "v", None)).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert!(n1.step_down(std::time::Duration::from_secs(10)).await);
+    for (i, write) in writes.into_iter().enumerate() {
+        match write.await.unwrap() {
+            Ok(()) => assert!(stored(&stores, &format!("k{i}")).is_some(), "k{i}"),
+            // Refused before it reached the log: nothing was written.
+            Err(Error::NotLeader { leader: None, .. }) => {}
+            Err(err) => panic!("write {i} in flight during the step-down: {err}"),
+        }
+    }
+    // After it: refused, naming no leader (this node no longer is one, and no other is known).
+    let err = n1.put(put("late", "v", None)).await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotLeader { leader: None, .. }),
+        "{err}"
+    );
+    assert!(stored(&stores, "late").is_none());
+    f.stop().await;
+}

@@ -14,11 +14,11 @@
 
 use anyhow::Context;
 use bytes::Bytes;
-use cairn_client::{ClientOptions, PutEntry, RoutingClient, RoutingOptions};
+use cairn_client::{ClientOptions, PutEntry};
+use cairn_jepsen::measure::{Load, keys_per_partition, percentile};
 use cairn_jepsen::{ClusterOptions, TestCluster};
 use clap::Parser;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -49,12 +49,8 @@ struct Args {
     cairn_bin: Option<PathBuf>,
 }
 
-/// Failed load requests kept, and shown per period, with their errors.
-const FAILURES_KEPT: usize = 10_000;
+/// Failed load requests shown per period, with their errors.
 const FAILURES_SHOWN: usize = 3;
-
-/// When each load request ended, and how long it took (`None`: it failed).
-type Samples = Arc<Mutex<Vec<(Instant, Option<Duration>)>>>;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -74,50 +70,19 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let addresses = cluster.addresses();
-    let seeds: Vec<&str> = addresses.iter().map(String::as_str).collect();
     let options = ClientOptions {
         connect_timeout: Duration::from_secs(1),
         request_timeout: Duration::from_secs(15),
     };
-    let samples: Samples = Arc::default();
-    let failures: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut load = Vec::new();
-    for c in 0..args.clients {
-        let client = RoutingClient::connect_any(&seeds, &options, &RoutingOptions::default())
-            .await
-            .context("connect a load client")?;
-        let (samples, stop, batch) = (samples.clone(), stop.clone(), args.batch);
-        let failures = failures.clone();
-        load.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.is_cancelled() {
-                let entries = (0..batch)
-                    .map(|i| PutEntry {
-                        key: Bytes::from(format!("load-{c}-{}", (n as usize * batch + i) % 10_000)),
-                        value: Bytes::from_static(b"value-of-the-failover-bench"),
-                        ttl: None,
-                    })
-                    .collect();
-                n += 1;
-                let asked = Instant::now();
-                let answer = client.put(entries).await;
-                let ended = Instant::now();
-                if let Err(err) = &answer {
-                    let mut seen = failures.lock().unwrap();
-                    if seen.len() < FAILURES_KEPT {
-                        seen.push((ended, format!("{err}")));
-                    }
-                }
-                let took = answer.is_ok().then(|| ended - asked);
-                samples.lock().unwrap().push((ended, took));
-                if took.is_none() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }));
-    }
-    let probe_keys = keys_per_partition(args.partitions);
+    let load = Load::start(
+        &addresses,
+        &options,
+        args.clients,
+        args.batch,
+        Bytes::from_static(b"value-of-the-failover-bench"),
+    )
+    .await?;
+    let probe_keys = keys_per_partition("failover-probe", args.partitions);
     let window = Duration::from_secs(args.window_secs);
     let mut failovers: Vec<Duration> = Vec::new();
     let mut periods = Vec::new();
@@ -168,12 +133,7 @@ async fn main() -> anyhow::Result<()> {
         cluster.start_node(victim)?;
         cluster.wait_serving(Duration::from_secs(60)).await?;
     }
-    stop.cancel();
-    for task in load {
-        let _ = task.await;
-    }
     failovers.sort();
-    let samples = samples.lock().unwrap().clone();
     println!(
         "failover (SIGKILL{} → first acknowledged write per moved partition), {} partitions over {} kills, node timeout {} ms: p50 {} ms, max {} ms",
         if args.lose_machine {
@@ -190,40 +150,19 @@ async fn main() -> anyhow::Result<()> {
     let before: Vec<_> = periods.iter().map(|&(k, _, _)| (k - window, k)).collect();
     let during: Vec<_> = periods.iter().map(|&(k, r, _)| (k, r)).collect();
     let after: Vec<_> = periods.iter().map(|&(_, r, a)| (r, a)).collect();
-    let failures = failures.lock().unwrap().clone();
     for (label, spans) in [("before", before), ("during", during), ("after", after)] {
         println!(
             "load ({} clients, puts of {} keys) {label:>6}: {}",
             args.clients,
             args.batch,
-            summary(&samples, &spans, args.batch)
+            load.summary(&spans)
         );
-        let within = |at: &Instant| spans.iter().any(|(from, to)| at >= from && at < to);
-        for (_, failure) in failures
-            .iter()
-            .filter(|(at, _)| within(at))
-            .take(FAILURES_SHOWN)
-        {
+        for failure in load.failures_within(&spans, FAILURES_SHOWN) {
             println!("  failed: {failure}");
         }
     }
+    load.stop().await;
     Ok(())
-}
-
-/// One key of each partition.
-fn keys_per_partition(partitions: u16) -> Vec<Bytes> {
-    let mut keys: Vec<Option<Bytes>> = vec![None; partitions as usize];
-    let mut i = 0u64;
-    while keys.iter().any(Option::is_none) {
-        let key = format!("failover-probe-{i}");
-        let partition = cairn_types::keys::partition_for_key(
-            cairn_types::partition_key(key.as_bytes()),
-            partitions,
-        );
-        keys[partition.0 as usize].get_or_insert_with(|| Bytes::from(key));
-        i += 1;
-    }
-    keys.into_iter().map(|k| k.unwrap_or_default()).collect()
 }
 
 /// Writes `key` through the node at `via` until a write is acknowledged; how long after
@@ -254,41 +193,4 @@ async fn first_acknowledged_write(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-/// Throughput (keys/s), p99 latency and failures of the requests that ended within `spans`.
-fn summary(
-    samples: &[(Instant, Option<Duration>)],
-    spans: &[(Instant, Instant)],
-    batch: usize,
-) -> String {
-    let within = |at: &Instant| spans.iter().any(|(from, to)| at >= from && at < to);
-    let mut latencies: Vec<Duration> = samples
-        .iter()
-        .filter(|(at, _)| within(at))
-        .filter_map(|(_, took)| *took)
-        .collect();
-    let failed = samples
-        .iter()
-        .filter(|(at, took)| within(at) && took.is_none())
-        .count();
-    let seconds: f64 = spans
-        .iter()
-        .map(|(from, to)| to.saturating_duration_since(*from).as_secs_f64())
-        .sum();
-    latencies.sort();
-    format!(
-        "{:.0} keys/s, p99 {} ms, {} failed requests over {:.1} s",
-        latencies.len() as f64 * batch as f64 / seconds.max(1e-9),
-        percentile(&latencies, 0.99).as_millis(),
-        failed,
-        seconds
-    )
 }
