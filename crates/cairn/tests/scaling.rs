@@ -5,7 +5,9 @@
 //! window, and no acknowledged write lost, and the operation must end as it says it did.
 
 use cairn_client::{Client, v1};
-use cairn_jepsen::{ClusterOptions, Run, TestCluster, WorkloadOptions};
+use cairn_jepsen::{
+    ClusterOptions, Run, TestCluster, WorkloadOptions, snapshot, snapshot_file_keys,
+};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -113,6 +115,15 @@ async fn scale(client: &Client, nodes: &[String]) -> (v1::OperationInfo, BTreeSe
     let plan = client.plan_placement(nodes.to_vec()).await.unwrap();
     let planned: BTreeSet<u32> = plan.moves.iter().map(|m| m.partition_id).collect();
     assert!(!planned.is_empty(), "nothing to move: {plan:?}");
+    (start_planned(client, nodes, &plan).await, planned)
+}
+
+/// Starts the operation `plan` (for `nodes`) shows, two moves at a time.
+async fn start_planned(
+    client: &Client,
+    nodes: &[String],
+    plan: &v1::PlanPlacementResponse,
+) -> v1::OperationInfo {
     let op = client
         .start_scale(v1::StartScaleRequest {
             nodes: nodes.to_vec(),
@@ -122,7 +133,7 @@ async fn scale(client: &Client, nodes: &[String]) -> (v1::OperationInfo, BTreeSe
         .await
         .unwrap();
     assert_ne!(op.id, 0, "{op:?}");
-    (op, planned)
+    op
 }
 
 /// Waits until operation `id` has finished; returns it as it finished.
@@ -446,32 +457,6 @@ async fn with_auto_rebalance_a_node_that_joins_gets_its_share() {
     check("auto-rebalance onto a new node", run, &mut cluster).await;
 }
 
-/// Snapshots `partition` on its leader; returns the snapshot's id.
-async fn snapshot(client: &Client, partition: u32) -> String {
-    let mut progress = client
-        .create_snapshot(partition, None, false)
-        .await
-        .unwrap();
-    while let Some(message) = progress.message().await.unwrap() {
-        if let Some(done) = message.done {
-            return done.snapshot_id;
-        }
-    }
-    panic!("the snapshot of partition {partition} ended without saying what it published");
-}
-
-/// The keys of a snapshot's files, from its metadata.
-async fn snapshot_files(client: &Client, snapshot_id: &str) -> BTreeSet<String> {
-    let metadata: serde_json::Value =
-        serde_json::from_str(&client.describe_snapshot(snapshot_id).await.unwrap()).unwrap();
-    metadata["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["key"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupt_newest_snapshot_of_a_moving_partition_is_never_loaded() {
     let dir = scenario_dir();
@@ -494,16 +479,17 @@ async fn a_corrupt_newest_snapshot_of_a_moving_partition_is_never_loaded() {
     // flipped in a file that only it has.
     let mut snapshots = Vec::new();
     for &p in &onto_n4 {
-        let older = snapshot(&client, p).await;
+        let older = snapshot(&client, p).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let newer = snapshot(&client, p).await;
+        let newer = snapshot(&client, p).await.unwrap();
         assert_ne!(
             older, newer,
             "partition {p} had no writes between its snapshots"
         );
-        let older_files = snapshot_files(&client, &older).await;
-        let victim = snapshot_files(&client, &newer)
+        let older_files = snapshot_file_keys(&client, &older).await.unwrap();
+        let victim = snapshot_file_keys(&client, &newer)
             .await
+            .unwrap()
             .into_iter()
             .find(|k| !older_files.contains(k))
             .unwrap_or_else(|| panic!("snapshot {newer} has no file of its own"));
@@ -511,14 +497,7 @@ async fn a_corrupt_newest_snapshot_of_a_moving_partition_is_never_loaded() {
         snapshots.push((p, older, newer));
     }
 
-    let op = client
-        .start_scale(v1::StartScaleRequest {
-            nodes: four.clone(),
-            max_concurrent_moves: 2,
-            partition_table_version: plan.partition_table_version,
-        })
-        .await
-        .unwrap();
+    let op = start_planned(&client, &four, &plan).await;
     let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
     // Nothing trims the log here, so n4 refuses every corrupt snapshot, loads the older one of its
     // partition and replays the log past it; every move is made.

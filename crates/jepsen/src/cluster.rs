@@ -584,3 +584,30 @@ impl Drop for TestCluster {
         }
     }
 }
+
+/// Snapshots `partition` on its leader; returns the snapshot's id.
+pub async fn snapshot(client: &Client, partition: u32) -> anyhow::Result<String> {
+    let mut progress = client.create_snapshot(partition, None, false).await?;
+    while let Some(message) = progress.message().await? {
+        if let Some(done) = message.done {
+            return Ok(done.snapshot_id);
+        }
+    }
+    bail!("the snapshot of partition {partition} ended without saying what it published")
+}
+
+/// The keys of a snapshot's files in its partition's folder of the repository (see
+/// [`TestCluster::repository_path`]), from its metadata.
+pub async fn snapshot_file_keys(
+    client: &Client,
+    snapshot_id: &str,
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let metadata: serde_json::Value =
+        serde_json::from_str(&client.describe_snapshot(snapshot_id).await?)?;
+    Ok(metadata["files"]
+        .as_array()
+        .context("a snapshot's files")?
+        .iter()
+        .filter_map(|f| Some(f["key"].as_str()?.to_string()))
+        .collect())
+}

@@ -12,7 +12,7 @@ pub mod measure;
 pub mod proxy;
 pub mod workload;
 
-pub use cluster::{ClusterOptions, TestCluster, cairn_bin};
+pub use cluster::{ClusterOptions, TestCluster, cairn_bin, snapshot, snapshot_file_keys};
 pub use workload::{Workload, WorkloadOptions, final_reads};
 
 use cairn_checker::{CheckOptions, Recorder, Report};

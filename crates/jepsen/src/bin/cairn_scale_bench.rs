@@ -22,7 +22,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use cairn_client::{Client, ClientOptions, PutEntry, RoutingClient, RoutingOptions, v1};
 use cairn_jepsen::measure::{Load, keys_per_partition, percentile};
-use cairn_jepsen::{ClusterOptions, TestCluster};
+use cairn_jepsen::{ClusterOptions, TestCluster, snapshot, snapshot_file_keys};
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
@@ -321,17 +321,6 @@ async fn fill(
     Ok((keys * args.value_bytes as u64, keys, started.elapsed()))
 }
 
-/// Snapshots `partition` on its leader; returns the snapshot's id.
-async fn snapshot(client: &Client, partition: u32) -> anyhow::Result<String> {
-    let mut progress = client.create_snapshot(partition, None, false).await?;
-    while let Some(message) = progress.message().await? {
-        if let Some(done) = message.done {
-            return Ok(done.snapshot_id);
-        }
-    }
-    bail!("the snapshot of partition {partition} ended without saying what it published")
-}
-
 async fn wait_alive(client: &Client, name: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -454,14 +443,7 @@ async fn plain_get(
         if snapshot_id.is_empty() {
             continue;
         }
-        let metadata: serde_json::Value =
-            serde_json::from_str(&admin.describe_snapshot(snapshot_id).await?)?;
-        let keys: Vec<String> = metadata["files"]
-            .as_array()
-            .context("a snapshot's files")?
-            .iter()
-            .filter_map(|f| Some(f["key"].as_str()?.to_string()))
-            .collect();
+        let keys = snapshot_file_keys(admin, snapshot_id).await?;
         let target = scratch.path().join(format!("{p}-{to}"));
         tokio::fs::create_dir_all(&target).await?;
         let started = Instant::now();
