@@ -213,6 +213,9 @@ pub struct PartitionStoreConfig {
     /// file, in bytes; it fills sixteen memtables of a sixteenth of it, and up to twice as much
     /// is in memory while a flush runs.
     pub write_buffer_bytes: usize,
+    /// What every partition's memtables may hold in all, in bytes: past seven eighths of it a
+    /// partition that writes flushes early. 0: no bound beyond each partition's own.
+    pub write_buffer_budget_bytes: usize,
     /// How each partition's tables are merged as they accumulate; a store written under one
     /// style opens under the other.
     pub compaction_style: CompactionStyle,
@@ -265,6 +268,9 @@ pub struct WorkerConfig {
     /// lagging reader of the log has time to catch up, e.g. `"1h"`.
     #[serde(with = "humantime_req")]
     pub trim_log_delay: Duration,
+    /// Threads that apply the partitions' logs to their stores, shared by every partition the
+    /// node holds; 0: twice the CPUs, at least 4.
+    pub apply_threads: usize,
     pub snapshots: SnapshotsConfig,
 }
 
@@ -274,6 +280,7 @@ impl Default for WorkerConfig {
             snapshot_restore_policy: RestorePolicy::Auto,
             trim_log_interval: None,
             trim_log_delay: Duration::ZERO,
+            apply_threads: 0,
             snapshots: SnapshotsConfig::default(),
         }
     }
@@ -399,6 +406,8 @@ impl Default for PartitionStoreConfig {
         PartitionStoreConfig {
             block_cache_bytes: cairn_partition_store::StoreOptions::default().block_cache_bytes,
             write_buffer_bytes: cairn_partition_store::StoreOptions::default().write_buffer_bytes,
+            write_buffer_budget_bytes: cairn_partition_store::StoreOptions::default()
+                .write_buffer_budget_bytes,
             compaction_style: CompactionStyle::store_default(),
             block_bytes: cairn_partition_store::StoreOptions::default().block_bytes,
         }
@@ -475,6 +484,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "num-partitions is {}: it must be between 1 and 4096",
                 self.num_partitions
+            )));
+        }
+        if self.worker.apply_threads > 1024 {
+            return Err(ConfigError(format!(
+                "worker.apply-threads is {}: it must be at most 1024 (0: twice the CPUs)",
+                self.worker.apply_threads
             )));
         }
         let snapshots = &self.worker.snapshots;

@@ -387,6 +387,8 @@ pub async fn start(config: Config) -> anyhow::Result<RunningNode> {
 
     let (snapshots, restorer, tmp_dir) =
         open_snapshots_and_scratch(&config, &base_dir, &cluster, &node).await?;
+    let apply_threads = cairn_worker::set_apply_threads(config.worker.apply_threads);
+    info!("partition processors run on {apply_threads} apply threads");
     let partitions = Partitions::open(
         PartitionsConfig {
             node: node.clone(),
@@ -647,6 +649,7 @@ async fn open_storage(
     let store_options = StoreOptions {
         block_cache_bytes: config.partition_store.block_cache_bytes,
         write_buffer_bytes: config.partition_store.write_buffer_bytes,
+        write_buffer_budget_bytes: config.partition_store.write_buffer_budget_bytes,
         compaction_style: config.partition_store.compaction_style.for_store(),
         block_bytes: config.partition_store.block_bytes,
         ..StoreOptions::default()

@@ -27,6 +27,11 @@ pub struct StoreOptions {
     /// fraction of it each, which are flushed together; up to twice this much is in memory while
     /// a flush runs.
     pub write_buffer_bytes: usize,
+    /// What the memtables of every partition may hold in all, in bytes; 0: no bound beyond each
+    /// partition's own. Past seven eighths of it, a partition that writes flushes its memtables
+    /// early (into a smaller file), so a node of many partitions holds at most about this much
+    /// of their newest writes in memory, not `2 × write_buffer_bytes` for each of them.
+    pub write_buffer_budget_bytes: usize,
     /// How a partition's tables are merged as they accumulate.
     pub compaction_style: CompactionStyle,
     /// The size of a table's data blocks before compression, in bytes: the unit RocksDB
@@ -91,6 +96,9 @@ impl Default for StoreOptions {
             // 64 MiB default gave two-thirds of the batched put throughput of 8 MiB over a minute
             // of writing.
             write_buffer_bytes: 8 * 1024 * 1024,
+            // Above what 16 partitions hold at most (256 MiB), so a node of a few dozen flushes
+            // as it did without one; a node of 1,024 holds 1 GiB instead of up to 16 GiB.
+            write_buffer_budget_bytes: 1024 * 1024 * 1024,
             compaction_style: CompactionStyle::default(),
             block_bytes: 16 * 1024,
         }
@@ -137,6 +145,8 @@ pub struct PartitionStoreManager {
     options: StoreOptions,
     /// The one block cache of every partition's tables, `options.block_cache_bytes` in all.
     block_cache: rust_rocksdb::Cache,
+    /// The one account of every partition's memtables, `options.write_buffer_budget_bytes`.
+    write_buffers: rust_rocksdb::WriteBufferManager,
     /// Each partition's own database, opened or not.
     own: Mutex<HashMap<PartitionId, OwnDb>>,
     /// The database that held every partition before they had one each, if this store has one.
@@ -220,6 +230,12 @@ fn db_options() -> Options {
     db_options
 }
 
+/// `options` with every partition's memtables counted against one budget.
+fn sharing(mut options: Options, write_buffers: &rust_rocksdb::WriteBufferManager) -> Options {
+    options.set_write_buffer_manager(write_buffers);
+    options
+}
+
 fn rocks(context: &'static str) -> impl FnOnce(rust_rocksdb::Error) -> Error {
     move |source| Error::RocksDb { context, source }
 }
@@ -247,6 +263,13 @@ impl PartitionStoreManager {
         std::fs::create_dir_all(path)
             .map_err(io_at("create the partition store's folder", path))?;
         let block_cache = rust_rocksdb::Cache::new_lru_cache(options.block_cache_bytes);
+        // Flushes, not stalls, keep the memtables within the budget: a stalled write would hold
+        // an apply thread that other partitions' processors share.
+        let write_buffers = rust_rocksdb::WriteBufferManager::new_write_buffer_manager(
+            options.write_buffer_budget_bytes,
+            false,
+        );
+        let open_options = || sharing(db_options(), &write_buffers);
         let mut expiries = HashMap::new();
         let mut descriptors_of = |names: Vec<String>| -> Vec<ColumnFamilyDescriptor> {
             names
@@ -267,7 +290,7 @@ impl PartitionStoreManager {
 
         let shared = if path.join("CURRENT").exists() {
             let names = DB::list_cf(&db_options(), path).map_err(open_err(path))?;
-            let db = DB::open_cf_descriptors(&db_options(), path, descriptors_of(names))
+            let db = DB::open_cf_descriptors(&open_options(), path, descriptors_of(names))
                 .map_err(open_err(path))?;
             Some(Arc::new(db))
         } else {
@@ -330,7 +353,7 @@ impl PartitionStoreManager {
         let mut own = HashMap::new();
         for (id, (dir, listed)) in found {
             let opened = listed.and_then(|names| {
-                DB::open_cf_descriptors(&db_options(), &dir, descriptors_of(names))
+                DB::open_cf_descriptors(&open_options(), &dir, descriptors_of(names))
                     .map_err(open_err(&dir))
             });
             let db = match opened {
@@ -349,6 +372,7 @@ impl PartitionStoreManager {
             path: path.to_path_buf(),
             options: options.clone(),
             block_cache,
+            write_buffers,
             own: Mutex::new(own),
             shared,
             changing: Mutex::new(()),
@@ -422,7 +446,7 @@ impl PartitionStoreManager {
     ) -> Result<PartitionStore> {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let dir = self.path.join(format!("{DIR_PREFIX}{id}.{generation}"));
-        let mut options = db_options();
+        let mut options = sharing(db_options(), &self.write_buffers);
         options.create_if_missing(true);
         let created = DB::open(&options, &dir)
             .map_err(|source| Error::Open {
@@ -1878,6 +1902,74 @@ pub(crate) mod tests {
         manager.wait_for_background_work().unwrap();
         assert_eq!(files(), 1, "the full write buffer was flushed as one file");
         assert!(store.get(&1u64.to_be_bytes()).unwrap().is_some());
+    }
+
+    /// The memtables of all partitions together stay within the budget: partitions that write
+    /// past it flush early, though none of them filled its own write buffer.
+    #[test]
+    fn every_partitions_memtables_stay_within_one_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = 4 * 1024 * 1024;
+        let options = StoreOptions {
+            write_buffer_bytes: 8 * 1024 * 1024,
+            write_buffer_budget_bytes: budget,
+            ..StoreOptions::default()
+        };
+        let manager = PartitionStoreManager::open(dir.path(), &options).unwrap();
+        let stores: Vec<_> = (0..8)
+            .map(|p| manager.open_or_create_partition(PartitionId(p)).unwrap())
+            .collect();
+        let memtable_bytes = |store: &PartitionStore| {
+            let cf = store.cf().unwrap();
+            store
+                .int_property(Some(&cf), "rocksdb.size-all-mem-tables")
+                .unwrap()
+        };
+        let mut peak = 0;
+        // 2 MiB per partition, a quarter of its own write buffer: 16 MiB in all, four times the
+        // budget.
+        for round in 0..2048u64 {
+            for store in &stores {
+                let mut batch = store.write_batch();
+                let value: Vec<u8> = (0..128u64)
+                    .flat_map(|i| {
+                        (round.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                            ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03))
+                        .to_le_bytes()
+                    })
+                    .collect();
+                batch.put(&round.to_be_bytes(), &value, None);
+                store.commit(batch).unwrap();
+            }
+            if round % 64 == 63 {
+                let held: u64 = stores.iter().map(memtable_bytes).sum();
+                peak = peak.max(held);
+            }
+        }
+        manager.wait_for_background_work().unwrap();
+        let flushed = stores
+            .iter()
+            .filter(|store| {
+                store
+                    .db
+                    .live_files()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f.column_family_name == store.cf_name)
+            })
+            .count();
+        assert!(
+            flushed > 0,
+            "no partition flushed, though all held 4x the budget"
+        );
+        // Flushes run in the background while writes go on: allow them a write buffer's worth.
+        assert!(
+            peak <= (budget + 8 * 1024 * 1024) as u64,
+            "the partitions held {peak} bytes of memtables at once, over the budget of {budget}"
+        );
+        for store in &stores {
+            assert!(store.get(&0u64.to_be_bytes()).unwrap().is_some());
+        }
     }
 
     #[test]

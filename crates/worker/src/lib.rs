@@ -10,6 +10,7 @@
 //! nor who decides leadership (the caller hands it an epoch). It knows nothing of gRPC.
 
 mod append;
+mod apply_pool;
 mod clock;
 mod compaction;
 mod partition;
@@ -18,6 +19,7 @@ mod restore;
 mod snapshot;
 pub mod testing;
 
+pub use apply_pool::{apply_threads, default_apply_threads, set_apply_threads};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::{Compacted, ExpirySample, StoreStatus};
 pub use partition::{

@@ -153,10 +153,9 @@ pub struct Partition {
     /// Held by the catch-up check under way, which concurrent bounded reads wait for and share.
     catching_up: tokio::sync::Mutex<()>,
     cancel: CancellationToken,
-    /// The processor's thread, and what fires (or is dropped) when it is done. An async lock,
-    /// held while [`Partition::shutdown`] waits, so that every caller returns only once the
-    /// thread has ended.
-    thread: tokio::sync::Mutex<Option<(oneshot::Receiver<()>, std::thread::JoinHandle<()>)>>,
+    /// The processor's task on the apply pool. An async lock, held while [`Partition::shutdown`]
+    /// waits, so that every caller returns only once the task has ended.
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// How long [`Partition::become_leader`] waits for the applied LSN to move before it gives up.
@@ -212,22 +211,13 @@ impl Partition {
             time,
             horizon_refreshed: None,
         };
-        // A thread of its own (see the processor's module docs), driving the processor with the
-        // runtime this is called in.
-        let runtime = tokio::runtime::Handle::current();
-        let (done, finished) = oneshot::channel();
-        let stop = cancel.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("cairn-apply-{id}"))
-            .spawn(move || {
-                runtime.block_on(processor.run(stop));
-                let _ = done.send(());
-            })
-            .map_err(|err| Error::Storage {
-                partition: id,
-                context: "start the processor's thread",
-                source: err.into(),
-            })?;
+        // On the apply pool's threads (see `apply_pool`), apart from the runtime that serves.
+        let pool = crate::apply_pool::apply_pool().map_err(|err| Error::Storage {
+            partition: id,
+            context: "start the processors' threads",
+            source: err.into(),
+        })?;
+        let task = pool.spawn(processor.run(cancel.clone()));
         Ok(Arc::new(Partition {
             shared,
             store,
@@ -244,7 +234,7 @@ impl Partition {
             stepped_down: std::sync::atomic::AtomicBool::new(false),
             catching_up: tokio::sync::Mutex::new(()),
             cancel,
-            thread: tokio::sync::Mutex::new(Some((finished, thread))),
+            task: tokio::sync::Mutex::new(Some(task)),
         }))
     }
 
@@ -649,25 +639,20 @@ impl Partition {
         }
     }
 
-    /// Stops the processor and waits until its thread has ended.
+    /// Stops the processor and waits until its task has ended.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let mut thread = self.thread.lock().await;
-        if let Some((finished, _)) = thread.as_mut() {
-            let _ = finished.await;
-        }
-        if let Some((_, thread)) = thread.take() {
-            // The thread still runs its exit after it reports done, RocksDB's clean-up of its
-            // thread-local state among it: a process that exits meanwhile makes RocksDB abort
-            // ("pthread lock: Invalid argument"). Joining takes microseconds, on a blocking
-            // thread all the same.
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        let mut task = self.task.lock().await;
+        if let Some(running) = task.as_mut() {
+            // A processor that panicked has ended too; its reason is already recorded.
+            let _ = running.await;
+            *task = None;
         }
     }
 
-    /// Whether [`Partition::shutdown`] has seen the processor's thread end.
+    /// Whether [`Partition::shutdown`] has seen the processor's task end.
     pub fn has_shut_down(&self) -> bool {
-        matches!(self.thread.try_lock().as_deref(), Ok(None))
+        matches!(self.task.try_lock().as_deref(), Ok(None))
     }
 
     /// Why the processor stopped, if it did (a trim gap, a failed store).

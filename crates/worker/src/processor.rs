@@ -15,11 +15,12 @@
 //! as its envelopes in order, each answering its own proposer; the record is checked whole
 //! before any of it is applied, so a batch is never applied in part.
 //!
-//! # A thread of its own
-//! The processor runs on an OS thread of its own, which drives its future with
-//! `Handle::block_on`: RocksDB calls (the commits, the lookups, exports) may block there without
-//! holding up any async task, and no run pays a hop to a blocking pool and back. The log wakes
-//! the thread directly when records arrive.
+//! # Threads of their own
+//! Processors run on the apply pool (`apply_pool`): a runtime of their own, apart from the one
+//! that serves requests, with a fixed number of threads however many partitions the node holds.
+//! RocksDB calls (the commits, the lookups, exports) block one of those threads without holding
+//! up any request, and no run pays a hop to a blocking pool and back. The log wakes the
+//! processor directly when records arrive.
 //!
 //! # Crash consistency
 //! A run's effects and the new applied LSN go into one write batch. After a crash the store
@@ -218,7 +219,7 @@ impl Processor {
                 applied: self.applied,
                 time: self.time,
             };
-            // On the processor's own thread (see `Partition::start`): blocking here holds up
+            // On an apply-pool thread (see `apply_pool`): blocking here holds up
             // no other task.
             match run.apply(&entries) {
                 Err(Error::StoreDiskFull { source, .. }) => {
@@ -279,7 +280,7 @@ impl Processor {
 
     async fn export(&mut self, request: ExportRequest) {
         let partition = self.shared.id;
-        // On the processor's own thread, like the runs.
+        // On an apply-pool thread, like the runs.
         let exported = self
             .store
             .export(&request.target_dir)
