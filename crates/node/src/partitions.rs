@@ -800,8 +800,8 @@ impl Partitions {
     }
 
     /// Starts `slot`'s processor on `store`, unless the node is shutting down. Starting reads the
-    /// store's applied LSN and leader, so it runs on a blocking thread (which starts the
-    /// processor's own thread), and records the processor for [`Partitions::shutdown`] there, so
+    /// store's applied LSN and leader, so it runs on a blocking thread (which hands the
+    /// processor to the apply pool), and records the processor for [`Partitions::shutdown`] there, so
     /// that a caller that gives up meanwhile leaves none unrecorded.
     async fn start_processor(&self, slot: &Slot, store: PartitionStore) -> Result<Arc<Partition>> {
         let (id, key_range, node, log, clock) = (

@@ -1849,6 +1849,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// Commits key `n` (big-endian) with 1 KiB of bytes that do not compress, derived from `n`.
+    fn put_incompressible_kib(store: &PartitionStore, n: u64) {
+        let mut batch = store.write_batch();
+        let value: Vec<u8> = (0..128u64)
+            .flat_map(|i| {
+                (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03))
+                    .to_le_bytes()
+            })
+            .collect();
+        batch.put(&n.to_be_bytes(), &value, None);
+        store.commit(batch).unwrap();
+    }
+
     /// A partition's write buffer is filled as several small memtables, which are flushed
     /// together: writing the whole buffer leaves one level-0 file, not one per memtable.
     #[test]
@@ -1877,17 +1890,7 @@ pub(crate) mod tests {
         let mut write = |bytes: usize| {
             for _ in 0..bytes / 1024 {
                 next += 1;
-                let mut batch = store.write_batch();
-                // Values that do not compress, 1 KiB each.
-                let value: Vec<u8> = (0..128u64)
-                    .flat_map(|i| {
-                        (next.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03))
-                        .to_le_bytes()
-                    })
-                    .collect();
-                batch.put(&next.to_be_bytes(), &value, None);
-                store.commit(batch).unwrap();
+                put_incompressible_kib(&store, next);
             }
         };
         write(write_buffer_bytes * 3 / 4);
@@ -1930,16 +1933,7 @@ pub(crate) mod tests {
         // budget.
         for round in 0..2048u64 {
             for store in &stores {
-                let mut batch = store.write_batch();
-                let value: Vec<u8> = (0..128u64)
-                    .flat_map(|i| {
-                        (round.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03))
-                        .to_le_bytes()
-                    })
-                    .collect();
-                batch.put(&round.to_be_bytes(), &value, None);
-                store.commit(batch).unwrap();
+                put_incompressible_kib(store, round);
             }
             if round % 64 == 63 {
                 let held: u64 = stores.iter().map(memtable_bytes).sum();

@@ -13,32 +13,30 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::runtime::{Builder, Handle};
 
-/// The threads asked for by [`set_apply_threads`]; 0 until then (the default then applies).
-static THREADS: AtomicUsize = AtomicUsize::new(0);
-/// The pool's runtime, built by the first partition that starts; it lives as long as the process.
-static POOL: Mutex<Option<Handle>> = Mutex::new(None);
+/// The threads asked for (0: [`default_apply_threads`]), and the pool's runtime once the first
+/// partition has started it; the runtime then lives as long as the process.
+static POOL: Mutex<(usize, Option<Handle>)> = Mutex::new((0, None));
 
 /// The apply threads a process starts when none were asked for: twice the CPUs it may use, and at
 /// least 4, so that while some processors block in RocksDB (a commit, a stall behind a flush)
 /// others still apply.
-pub fn default_apply_threads() -> usize {
+fn default_apply_threads() -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     (2 * cpus).max(4)
 }
 
-/// Sets how many threads run the processors, 0 for [`default_apply_threads`]. Takes effect only
+/// Sets how many threads run the processors, 0 for twice the CPUs (at least 4). Takes effect only
 /// before the first partition of the process starts; returns the number the pool has or will have.
 pub fn set_apply_threads(threads: usize) -> usize {
-    let pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if pool.is_none() {
-        THREADS.store(threads, Ordering::Relaxed);
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.1.is_none() {
+        pool.0 = threads;
     }
-    apply_threads()
+    threads_of(pool.0)
 }
 
-/// How many threads run the processors (or will, once the first partition starts).
-pub fn apply_threads() -> usize {
-    match THREADS.load(Ordering::Relaxed) {
+fn threads_of(asked: usize) -> usize {
+    match asked {
         0 => default_apply_threads(),
         n => n,
     }
@@ -47,12 +45,12 @@ pub fn apply_threads() -> usize {
 /// The pool's runtime, started on first use.
 pub(crate) fn apply_pool() -> std::io::Result<Handle> {
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(handle) = pool.as_ref() {
+    if let Some(handle) = pool.1.as_ref() {
         return Ok(handle.clone());
     }
     let next = AtomicUsize::new(0);
     let runtime = Builder::new_multi_thread()
-        .worker_threads(apply_threads())
+        .worker_threads(threads_of(pool.0))
         .thread_name_fn(move || format!("cairn-apply-{}", next.fetch_add(1, Ordering::Relaxed)))
         .enable_all()
         .build()?;
@@ -60,6 +58,6 @@ pub(crate) fn apply_pool() -> std::io::Result<Handle> {
     // Never dropped: a runtime dropped from within an async context panics, and the processors of
     // a process may run until it exits.
     Box::leak(Box::new(runtime));
-    *pool = Some(handle.clone());
+    pool.1 = Some(handle.clone());
     Ok(handle)
 }

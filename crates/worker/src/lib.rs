@@ -19,7 +19,7 @@ mod restore;
 mod snapshot;
 pub mod testing;
 
-pub use apply_pool::{apply_threads, default_apply_threads, set_apply_threads};
+pub use apply_pool::set_apply_threads;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::{Compacted, ExpirySample, StoreStatus};
 pub use partition::{
