@@ -327,7 +327,8 @@ pub struct SnapshotsConfig {
     pub upload_concurrency: usize,
     /// Files larger than this are uploaded in parts.
     pub multipart_threshold_bytes: u64,
-    /// Cap on upload bandwidth for snapshots, in bytes per second. Unset: no cap.
+    /// Cap on the bandwidth of snapshot transfers, uploads and downloads (a restore, a load, a
+    /// move's catch-up from a snapshot) together, in bytes per second. Unset: no cap.
     pub rate_limit_bytes_per_second: Option<u64>,
     /// Snapshots kept per partition; older ones and the files only they use are deleted.
     pub num_retained: usize,

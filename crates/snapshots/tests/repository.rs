@@ -19,6 +19,8 @@ scenarios!(
     describe_round_trips_the_metadata,
     export_tar_holds_metadata_and_identical_ssts_and_verify_passes,
     download_fetches_checked_files,
+    a_download_keeps_to_the_rate_limit,
+    a_publish_keeps_to_the_rate_limit,
     a_concurrent_latest_update_loses_cleanly,
     a_crash_after_the_ssts_leaves_no_visible_snapshot,
     a_crash_after_metadata_json_leaves_no_visible_snapshot,
@@ -233,6 +235,64 @@ async fn download_fetches_checked_files(backend: Backend) {
     for (name, bytes) in &e.contents {
         assert_eq!(&std::fs::read(target.join(name)).unwrap(), bytes);
     }
+}
+
+/// A restore or a move's load must not take the link from the node's own traffic: downloads pay
+/// into the same bucket as uploads, in a local repository too.
+async fn a_download_keeps_to_the_rate_limit(backend: Backend) {
+    let repo = repository(backend);
+    let e = export(
+        1,
+        3,
+        &[
+            ("000001.sst", random_bytes(1, 400_000)),
+            ("000002.sst", random_bytes(2, 200_000)),
+        ],
+    );
+    repo.publish(e.path(), e.metadata.clone()).await.unwrap();
+    // 600 kB at 200 kB/s, the first second's 200 kB at once: at least 2 s.
+    let limited = repo.rate_limited(200_000);
+    let staging = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let (_, report) = limited
+        .download(e.id(), &staging.path().join("restore"))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(report.bytes, 600_000);
+    assert!(
+        took >= std::time::Duration::from_millis(1900),
+        "600 kB came down in {took:?} under a limit of 200 kB/s"
+    );
+    for (name, bytes) in &e.contents {
+        assert_eq!(
+            &std::fs::read(staging.path().join("restore").join(name)).unwrap(),
+            bytes
+        );
+    }
+}
+
+/// Uploads pay into the bucket too, to a local repository as to an object store.
+async fn a_publish_keeps_to_the_rate_limit(backend: Backend) {
+    let repo = repository(backend);
+    let limited = repo.rate_limited(200_000);
+    let e = export(
+        1,
+        3,
+        &[
+            ("000001.sst", random_bytes(1, 400_000)),
+            ("000002.sst", random_bytes(2, 200_000)),
+        ],
+    );
+    let started = std::time::Instant::now();
+    limited.publish(e.path(), e.metadata.clone()).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(1900),
+        "600 kB went up in {took:?} under a limit of 200 kB/s"
+    );
+    // What went up is whole.
+    repo.verify(e.id()).await.unwrap();
 }
 
 async fn a_concurrent_latest_update_loses_cleanly(backend: Backend) {

@@ -552,6 +552,16 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         peak(from_log.iter().map(|b| b.peak_rss).collect()),
         b_totals.range()
     );
+    let replay_rate = keys.keys as f64 / b_median.as_secs_f64();
+    let write_rate = keys.snapshot_keys as f64 / build.write_time.as_secs_f64();
+    println!(
+        "{:<60} {:>9.0}  keys/s, beside {:.0} keys/s writing the same records through the log \
+         (build above): replay / writes {:.2}",
+        "(B) replay rate",
+        replay_rate,
+        write_rate,
+        replay_rate / write_rate
+    );
     println!(
         "{:<60} {:>8.1}x",
         "speed-up of A over B (B total / A total)",
@@ -591,10 +601,15 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         "- moto is a Python server on loopback that keeps objects in memory and temporary files: \
          its S3 figures measure moto more than a network"
     );
-    println!(
-        "- debug build: Cairn's crates unoptimised, dependencies at opt-level 1, RocksDB's C++ \
-         at -O3; replay applies records in Cairn's code, so it gains most from a release build"
-    );
+    if cfg!(debug_assertions) {
+        println!(
+            "- debug build: Cairn's crates unoptimised, dependencies at opt-level 1, RocksDB's \
+             C++ at -O3; replay applies records in Cairn's code, so it gains most from a release \
+             build (cargo build --release)"
+        );
+    } else {
+        println!("- release build: Cairn's crates and their dependencies optimised");
+    }
     println!(
         "- peak RSS: this process's resident high-water mark during a recovery (reset before \
          each, so it includes what earlier steps left allocated), the highest of the runs; the \

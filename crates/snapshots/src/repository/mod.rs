@@ -172,7 +172,8 @@ pub struct RepositoryOptions {
     /// How often a transiently failed request or transfer is retried, with exponential backoff
     /// and jitter starting at 100 ms.
     pub retries: u32,
-    /// Upper bound on the upload rate of all uploads of this repository together.
+    /// Upper bound on the rate of every transfer of this repository together, uploads and
+    /// downloads.
     pub rate_limit_bytes_per_second: Option<u64>,
 }
 

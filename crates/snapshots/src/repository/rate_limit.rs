@@ -1,5 +1,6 @@
-//! A token bucket shared by every upload of a repository, so that snapshot uploads cannot take the
-//! whole network link from the node's foreground traffic.
+//! A token bucket shared by every transfer of a repository, uploads and downloads, so that
+//! snapshots being published, restored or loaded for a move cannot take the whole network link
+//! from the node's foreground traffic.
 //!
 //! The bucket holds at most one second's worth of bytes. A caller takes the bytes it is about to
 //! send, even more than the bucket holds (a whole multipart part), and then sleeps off the debt:
@@ -53,6 +54,23 @@ impl RateLimiter {
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
+    }
+}
+
+/// A reader that pays for what it read before handing it on: for copies made on a blocking
+/// thread (a download from a local repository), which wait for the bucket there.
+pub(crate) struct LimitedRead<R> {
+    pub(crate) inner: R,
+    pub(crate) limiter: std::sync::Arc<RateLimiter>,
+    /// The runtime the limiter's clock belongs to; the reader runs on one of its blocking threads.
+    pub(crate) runtime: tokio::runtime::Handle,
+}
+
+impl<R: std::io::Read> std::io::Read for LimitedRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.runtime.block_on(self.limiter.acquire(read as u64));
+        Ok(read)
     }
 }
 

@@ -7,6 +7,7 @@
 use super::ProgressFn;
 use super::SnapshotRepository;
 use super::hashing::{Progress, check_read, copy_hashing, io};
+use super::rate_limit::LimitedRead;
 use crate::error::FileProblem;
 use crate::{Checksum, Error, Result, SnapshotFile, SnapshotId, SnapshotMetadata};
 use bytes::Bytes;
@@ -260,8 +261,14 @@ impl SnapshotRepository {
         }
         let result = async {
             let out = PartialFile::create(&partial).await?;
+            let (writer, limiter) = (&out, self.rate_limiter.as_ref());
             let size = self
-                .read_file_checked(partition, snapshot_id, file, |chunk| out.write(chunk))
+                .read_file_checked(partition, snapshot_id, file, |chunk| async move {
+                    if let Some(limiter) = limiter {
+                        limiter.acquire(chunk.len() as u64).await;
+                    }
+                    writer.write(chunk).await
+                })
                 .await?;
             out.finish(&target).await?;
             Ok(size)
@@ -291,7 +298,7 @@ impl SnapshotRepository {
     }
 
     /// [`download_file`](Self::download_file) from a local repository: one blocking task copies
-    /// and hashes the file in large reads. object_store's local reads come in 8 KiB chunks, each
+    /// and hashes the file in large reads, each paid for first under a rate limit. object_store's local reads come in 8 KiB chunks, each
     /// a round trip through the blocking pool, which makes a restore several times slower than
     /// a plain copy.
     async fn download_local(
@@ -304,6 +311,8 @@ impl SnapshotRepository {
     ) -> Result<u64> {
         let copy_partial = partial.clone();
         let declared = file.size;
+        let limiter = self.rate_limiter.clone();
+        let runtime = tokio::runtime::Handle::current();
         let copied = tokio::task::spawn_blocking(move || {
             let input = match std::fs::File::open(&source) {
                 Ok(input) => input,
@@ -312,7 +321,18 @@ impl SnapshotRepository {
             };
             let mut output = std::fs::File::create(&copy_partial)?;
             // One byte past the declared size is enough to refuse a larger object.
-            let copied = copy_hashing(&mut input.take(declared + 1), Some(&mut output))?;
+            let mut input = input.take(declared + 1);
+            let copied = match limiter {
+                None => copy_hashing(&mut input, Some(&mut output))?,
+                Some(limiter) => copy_hashing(
+                    &mut LimitedRead {
+                        inner: input,
+                        limiter,
+                        runtime,
+                    },
+                    Some(&mut output),
+                )?,
+            };
             output.sync_all()?;
             Ok(Some(copied))
         })

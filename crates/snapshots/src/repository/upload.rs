@@ -19,11 +19,13 @@
 
 use super::SnapshotRepository;
 use super::hashing::{Progress, copy_hashing, io};
+use super::rate_limit::{LimitedRead, RateLimiter};
 use crate::{Checksum, Error, Result};
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::AsyncReadExt;
 use xxhash_rust::xxh3::Xxh3;
@@ -150,9 +152,7 @@ impl SnapshotRepository {
             progress,
             reported,
         };
-        if let (None, super::LatestWriter::LocalLock(fs)) =
-            (&self.rate_limiter, &self.latest_writer)
-        {
+        if let super::LatestWriter::LocalLock(fs) = &self.latest_writer {
             let target = fs
                 .path_to_filesystem(location)
                 .map_err(|e| self.store_error("upload", location, e))?;
@@ -173,12 +173,15 @@ impl SnapshotRepository {
         let failed = io("write to the local repository", attempt.path);
         let source = attempt.path.to_path_buf();
         let staging_target = target.clone();
-        let copied =
-            tokio::task::spawn_blocking(move || copy_to_local_object(&source, &staging_target))
-                .await
-                .map_err(|e| {
-                    io("write to the local repository", attempt.path)(std::io::Error::other(e))
-                })?;
+        let limit = self
+            .rate_limiter
+            .clone()
+            .map(|limiter| (limiter, tokio::runtime::Handle::current()));
+        let copied = tokio::task::spawn_blocking(move || {
+            copy_to_local_object(&source, &staging_target, limit)
+        })
+        .await
+        .map_err(|e| io("write to the local repository", attempt.path)(std::io::Error::other(e)))?;
         let (length, checksum, staged) = copied.map_err(failed)?;
         if let Err(err) = attempt.check(length, checksum) {
             let _ = tokio::fs::remove_file(&staged).await;
@@ -312,10 +315,15 @@ pub(super) fn is_staged_name(name: &str) -> bool {
 }
 
 /// Copies `source` next to `target` as `<target>#<digits>` (see [`is_staged_name`]), hashing it
-/// in 1 MiB reads, and syncs the copy. Returns its size, checksum and path; [`publish_staged`]
-/// moves it into place. One pass over the bytes in large reads: object_store's local put goes
-/// through 8 KiB writes or whole-file buffers.
-fn copy_to_local_object(source: &Path, target: &Path) -> std::io::Result<(u64, Checksum, PathBuf)> {
+/// in 1 MiB reads (each paid for first under a rate limit, on `limit`'s runtime), and syncs the
+/// copy. Returns its size, checksum and path; [`publish_staged`] moves it into place. One pass
+/// over the bytes in large reads: object_store's local put goes through 8 KiB writes or
+/// whole-file buffers.
+fn copy_to_local_object(
+    source: &Path,
+    target: &Path,
+    limit: Option<(Arc<RateLimiter>, tokio::runtime::Handle)>,
+) -> std::io::Result<(u64, Checksum, PathBuf)> {
     let parent = target
         .parent()
         .ok_or_else(|| std::io::Error::other("an object path has a folder"))?;
@@ -335,7 +343,17 @@ fn copy_to_local_object(source: &Path, target: &Path) -> std::io::Result<(u64, C
         }
     };
     let result = std::fs::File::open(source)
-        .and_then(|mut input| copy_hashing(&mut input, Some(&mut output)))
+        .and_then(|mut input| match limit {
+            None => copy_hashing(&mut input, Some(&mut output)),
+            Some((limiter, runtime)) => copy_hashing(
+                &mut LimitedRead {
+                    inner: input,
+                    limiter,
+                    runtime,
+                },
+                Some(&mut output),
+            ),
+        })
         .and_then(|copied| output.sync_all().map(|()| copied));
     match result {
         Ok((size, checksum)) => Ok((size, checksum, staged)),

@@ -37,11 +37,9 @@ enum Reopen {
     Memory(Arc<object_store::memory::InMemory>, RepositoryOptions),
 }
 
-impl TestRepo {
-    /// Another handle on the same storage, opened for `cluster`: what another node or a
-    /// re-created cluster sharing the repository sees.
-    pub fn for_cluster(&self, cluster: ClusterIdentity) -> TestRepo {
-        let repo = match &self.reopen {
+impl Reopen {
+    fn open(&self, cluster: ClusterIdentity) -> SnapshotRepository {
+        match self {
             Reopen::Destination(destination, options) => {
                 SnapshotRepository::open(destination, cluster, options.clone()).unwrap()
             }
@@ -53,11 +51,37 @@ impl TestRepo {
                 options.clone(),
             )
             .unwrap(),
-        };
+        }
+    }
+}
+
+impl TestRepo {
+    /// Another handle on the same storage, opened for `cluster`: what another node or a
+    /// re-created cluster sharing the repository sees.
+    pub fn for_cluster(&self, cluster: ClusterIdentity) -> TestRepo {
         TestRepo {
-            repo,
+            repo: self.reopen.open(cluster),
             _dir: self._dir.clone(),
             reopen: self.reopen.clone(),
+        }
+    }
+
+    /// Another handle on the same storage whose transfers share a limit of `bytes_per_second`.
+    pub fn rate_limited(&self, bytes_per_second: u64) -> TestRepo {
+        let limited = |options: &RepositoryOptions| RepositoryOptions {
+            rate_limit_bytes_per_second: Some(bytes_per_second),
+            ..options.clone()
+        };
+        let reopen = match &self.reopen {
+            Reopen::Destination(destination, options) => {
+                Reopen::Destination(destination.clone(), limited(options))
+            }
+            Reopen::Memory(store, options) => Reopen::Memory(store.clone(), limited(options)),
+        };
+        TestRepo {
+            repo: reopen.open(self.repo.cluster().clone()),
+            _dir: self._dir.clone(),
+            reopen,
         }
     }
 
