@@ -534,3 +534,113 @@ async fn a_corrupt_newest_snapshot_of_a_moving_partition_is_never_loaded() {
     )
     .await;
 }
+
+/// Waits until every listed node is alive again.
+async fn all_alive(cluster: &TestCluster) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = match cluster.client().await {
+            Ok(client) => client.list_nodes().await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        if !nodes.is_empty() && nodes.iter().all(|n| n.state == "alive") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every node alive again after 60 s: {nodes:?}\n{}",
+            cluster.log_tails(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `n3` → 2, the index [`TestCluster`] knows node `n3` by.
+fn node_index(name: &str) -> usize {
+    let n: usize = name
+        .trim_start_matches('n')
+        .parse()
+        .unwrap_or_else(|_| panic!("{name:?} is not a node of the test cluster"));
+    n - 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_leader_paused_while_its_partition_moves_then_resumed() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("source-paused", &dir).await;
+    let run = Run::start(&cluster, workload(28));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    let m = a_move_where(&cluster, op.id, |m| {
+        m.step == "loading" && m.to_leader == "n4" && !m.from_leader.is_empty()
+    })
+    .await;
+    let source = node_index(&m.from_leader);
+    // Past the node timeout (3 s): the others take the paused node for dead and fail its
+    // partitions over while it still believes it leads them, with its clients' requests queued
+    // at its old epoch; the operation goes on from the new leaders. The checker proves the
+    // node acknowledges none of its queued requests wrongly once it wakes up.
+    cluster.pause_node(source);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.resume_node(source);
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    for m in &done.moves {
+        assert!(m.step == "done" || m.step == "reverted", "{m:?}");
+    }
+    // Whatever was reverted, the same scale can finish now that every node is back.
+    all_alive(&cluster).await;
+    let client = cluster.client().await.unwrap();
+    let plan = client.plan_placement(names(1..=4)).await.unwrap();
+    if !plan.moves.is_empty() {
+        let again = start_planned(&client, &names(1..=4), &plan).await;
+        let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
+        assert_eq!(done.state, "succeeded", "{done:#?}");
+    }
+    balanced_on(&client, &names(1..=4)).await;
+    check("source leader paused mid-move", run, &mut cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_target_cut_off_from_nats_while_it_loads_and_a_nats_server_killed() {
+    let dir = scenario_dir();
+    let mut cluster = three_nodes("target-cut", &dir).await;
+    let run = Run::start(&cluster, workload(29));
+    let client = cluster.client().await.unwrap();
+    add_fourth(&mut cluster, &client).await;
+    let (op, _) = scale(&client, &names(1..=4)).await;
+    a_move_in(&cluster, op.id, "loading", "n4").await;
+    // n4 loses NATS past the node timeout: it stops serving, and the moves onto it end one way
+    // or the other, never with two leaders.
+    cluster.cut_node(3);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.heal_node(3);
+    let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
+    for m in &done.moves {
+        assert!(m.step == "done" || m.step == "reverted", "{m:?}");
+        if m.step == "reverted" {
+            assert!(
+                m.reason.contains("n4"),
+                "the reason does not name n4: {m:?}"
+            );
+        }
+    }
+    // The scale again, with one of the three NATS servers killed while it runs: JetStream keeps
+    // a majority, so the operation succeeds.
+    all_alive(&cluster).await;
+    let plan = client.plan_placement(names(1..=4)).await.unwrap();
+    if !plan.moves.is_empty() {
+        let again = start_planned(&client, &names(1..=4), &plan).await;
+        cluster.kill_nats(0);
+        let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
+        assert_eq!(done.state, "succeeded", "{done:#?}");
+        cluster.start_nats(0).await.unwrap();
+    }
+    balanced_on(&client, &names(1..=4)).await;
+    check(
+        "target cut off from NATS, then a NATS server killed",
+        run,
+        &mut cluster,
+    )
+    .await;
+}
