@@ -15,6 +15,14 @@
 //! as its envelopes in order, each answering its own proposer; the record is checked whole
 //! before any of it is applied, so a batch is never applied in part.
 //!
+//! # Records in memory
+//! A processor behind its log reads rounds of about 64 MiB (up to 1024 records), taking that
+//! much from a budget shared by every processor of the process ([`READ_BUDGET_MIB`], 256 MiB)
+//! before it reads and giving it back once the round is applied; at the tail it reads rounds of
+//! about 1 MiB outside the budget. A node that replays many partitions at once (after a start, a
+//! move's loads) holds at most the budget plus about 1 MiB (or one record) per partition of
+//! records, whatever the number of partitions.
+//!
 //! # Threads of their own
 //! Processors run on the apply pool (`apply_pool`): a runtime of their own, apart from the one
 //! that serves requests, with a fixed number of threads however many partitions the node holds.
@@ -76,17 +84,89 @@ const READ_BATCH_RECORDS_MAX: usize = 1024;
 /// resume every few seconds itself; this only bounds how late the partition notices.
 const STORE_FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Bytes of records a round aims to hold in memory: rounds of large records read fewer of them,
-/// so a replay of 16 MiB records does not hold 1024 of them at once.
+/// Bytes of records a round of a processor that is behind the log aims to hold in memory: rounds
+/// of large records read fewer of them, so a replay of 16 MiB records does not hold 1024 of them
+/// at once.
 const READ_BATCH_BYTES_TARGET: usize = 64 * 1024 * 1024;
 
-/// Records to read next, from the average size of the records of the last round.
-fn next_read_len(last_round_bytes: usize, last_round_records: usize) -> usize {
-    if last_round_records == 0 {
-        return READ_BATCH_RECORDS_MAX;
+/// Bytes of records a round at the log's tail aims to hold: what a processor may read without
+/// taking from [`READ_BUDGET`].
+const TAIL_ROUND_BYTES: usize = 1024 * 1024;
+
+/// The unit of [`READ_BUDGET`].
+const MIB: usize = 1024 * 1024;
+
+/// Records, in MiB, that the processors of the process that are behind their logs (replaying
+/// after a start, a follower catching up, a move's new holder) may hold at once, whatever the
+/// number of partitions: each takes what its round is expected to hold before reading and gives
+/// it back once the round is applied, and waits for its turn beyond this. Processors at the tail
+/// read rounds of [`TAIL_ROUND_BYTES`] (or one record) without taking from it, so live writes
+/// never wait behind a replay. A node's records in memory are thus at most this much plus
+/// about 1 MiB (or one record) per partition.
+const READ_BUDGET_MIB: usize = 256;
+
+static READ_BUDGET: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READ_BUDGET_MIB);
+
+/// The size of the next read of the log, from what the last one returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RoundSize {
+    /// Average payload bytes of the records last read; 0 before any were.
+    average: usize,
+    /// Whether the last read returned all it asked for: more likely waits behind it. A processor
+    /// starts as behind, since it may have a long log to replay.
+    behind: bool,
+}
+
+impl RoundSize {
+    fn start() -> RoundSize {
+        RoundSize {
+            average: 0,
+            behind: true,
+        }
     }
-    let average = (last_round_bytes / last_round_records).max(1);
-    (READ_BATCH_BYTES_TARGET / average).clamp(1, READ_BATCH_RECORDS_MAX)
+
+    /// The bytes the next round aims for.
+    fn target_bytes(self) -> usize {
+        if self.behind {
+            READ_BATCH_BYTES_TARGET
+        } else {
+            TAIL_ROUND_BYTES
+        }
+    }
+
+    /// Records to ask the log for.
+    fn records(self) -> usize {
+        if self.average == 0 {
+            return READ_BATCH_RECORDS_MAX;
+        }
+        (self.target_bytes() / self.average).clamp(1, READ_BATCH_RECORDS_MAX)
+    }
+
+    /// MiB of [`READ_BUDGET`] to take before reading: what the round is expected to hold, none
+    /// at the tail.
+    fn budget_mib(self) -> u32 {
+        if !self.behind {
+            return 0;
+        }
+        let expected = if self.average == 0 {
+            READ_BATCH_BYTES_TARGET
+        } else {
+            (self.average * self.records()).min(READ_BATCH_BYTES_TARGET)
+        };
+        expected.div_ceil(MIB).clamp(1, READ_BUDGET_MIB) as u32
+    }
+
+    /// After a read that asked for `asked` records and got `entries`.
+    fn after(self, asked: usize, entries: &[Entry]) -> RoundSize {
+        let average = match entries.len() {
+            0 => self.average,
+            n => (entries.iter().map(|e| e.payload.len()).sum::<usize>() / n).max(1),
+        };
+        RoundSize {
+            average,
+            behind: entries.len() >= asked,
+        }
+    }
 }
 
 /// Asks the processor to export its store between two records, so that the export holds exactly
@@ -131,14 +211,25 @@ impl Processor {
     /// to replace the store) and then waits for the processor finds it done.
     async fn apply_loop(&mut self, cancel: &CancellationToken) -> Result<()> {
         let partition = self.shared.id;
-        let mut read_len = READ_BATCH_RECORDS_MAX;
+        let mut round = RoundSize::start();
         loop {
             while let Ok(request) = self.exports.try_recv() {
                 self.export(request).await;
             }
             let from = self.applied.next();
+            // Held until the round is applied.
+            let budget = match round.budget_mib() {
+                0 => None,
+                mib => tokio::select! {
+                    permit = READ_BUDGET.acquire_many(mib) => {
+                        Some(permit.expect("the read budget is never closed"))
+                    }
+                    () = cancel.cancelled() => return Ok(()),
+                },
+            };
+            let asked = round.records();
             let read = tokio::select! {
-                read = self.log.read(from, read_len) => read,
+                read = self.log.read(from, asked) => read,
                 () = cancel.cancelled() => return Ok(()),
             };
             let entries = match read {
@@ -155,7 +246,9 @@ impl Processor {
                 }
                 Err(err) => return Err(log_error(partition, "read log", err)),
             };
+            round = round.after(asked, &entries);
             if entries.is_empty() {
+                drop(budget);
                 self.check_log_reaches_applied().await?;
                 tokio::select! {
                     waited = self.log.wait_for_tail(from) => {
@@ -166,7 +259,6 @@ impl Processor {
                 }
                 continue;
             }
-            read_len = next_read_len(entries.iter().map(|e| e.payload.len()).sum(), entries.len());
             if !self.apply_when_room(entries, cancel).await? {
                 return Ok(());
             }
@@ -795,11 +887,52 @@ mod tests {
 
     #[test]
     fn rounds_of_large_records_read_fewer_records() {
-        assert_eq!(next_read_len(0, 0), READ_BATCH_RECORDS_MAX);
-        assert_eq!(next_read_len(1024 * 100, 1024), READ_BATCH_RECORDS_MAX);
+        let behind = |average| RoundSize {
+            average,
+            behind: true,
+        };
+        assert_eq!(RoundSize::start().records(), READ_BATCH_RECORDS_MAX);
+        assert_eq!(behind(100).records(), READ_BATCH_RECORDS_MAX);
         // 1 MiB records: 64 per round.
-        assert_eq!(next_read_len(10 << 20, 10), 64);
+        assert_eq!(behind(1 << 20).records(), 64);
         // Records larger than the target: one at a time.
-        assert_eq!(next_read_len(200 << 20, 2), 1);
+        assert_eq!(behind(100 << 20).records(), 1);
+    }
+
+    #[test]
+    fn only_rounds_behind_the_log_take_from_the_budget_what_they_may_hold() {
+        let round = |average, behind| RoundSize { average, behind };
+        // Nothing known yet: a full round's worth.
+        assert_eq!(RoundSize::start().budget_mib(), 64);
+        // 1024 records of 10 KiB: 10 MiB.
+        assert_eq!(round(10 << 10, true).budget_mib(), 10);
+        // Small records: at least 1 MiB.
+        assert_eq!(round(100, true).budget_mib(), 1);
+        assert_eq!(round(1 << 20, true).budget_mib(), 64);
+        // At the tail: nothing, and rounds of about 1 MiB.
+        assert_eq!(round(10 << 10, false).budget_mib(), 0);
+        assert_eq!(round(10 << 10, false).records(), 102);
+        assert_eq!(round(4 << 20, false).records(), 1);
+    }
+
+    #[test]
+    fn a_round_that_got_all_it_asked_for_is_behind() {
+        let entry = |bytes: usize| Entry {
+            lsn: Lsn(1),
+            payload: Bytes::from(vec![0u8; bytes]),
+        };
+        let tail = RoundSize::start().after(1024, &[entry(100), entry(300)]);
+        assert_eq!(
+            tail,
+            RoundSize {
+                average: 200,
+                behind: false
+            }
+        );
+        let behind = tail.after(2, &[entry(100), entry(100)]);
+        assert!(behind.behind);
+        // An empty read keeps what was known of the records' sizes.
+        assert_eq!(behind.after(5, &[]).average, 100);
+        assert!(!behind.after(5, &[]).behind);
     }
 }
