@@ -13,6 +13,8 @@
 
 use crate::{Error, MetadataStore, Precondition, Result, Version, Versioned, Watch};
 use async_nats::jetstream::kv;
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use async_trait::async_trait;
 use cairn_nats::wrong_last_sequence;
 use futures::StreamExt;
@@ -115,33 +117,58 @@ impl NatsMetadataStore {
     }
 }
 
-/// A value as stored: JSON, like the `local` provider's.
-fn decode(key: &str, entry: &kv::Entry) -> Result<Option<Versioned>> {
-    if entry.operation != kv::Operation::Put {
+/// A value as stored: JSON, like the `local` provider's; `None` for a delete or a purge.
+fn decode(key: &str, put: bool, payload: &[u8], version: Version) -> Result<Option<Versioned>> {
+    if !put {
         return Ok(None);
     }
-    let value = serde_json::from_slice(&entry.value).map_err(|e| Error::Decode {
+    let value = serde_json::from_slice(payload).map_err(|e| Error::Decode {
         key: key.to_owned(),
         what: "JSON value",
         detail: e.to_string(),
     })?;
-    Ok(Some(Versioned {
-        version: entry.revision,
-        value,
-    }))
+    Ok(Some(Versioned { version, value }))
 }
+
+/// [`decode`] for a message of the bucket's stream, read from the stream itself: its
+/// `KV-Operation` header says whether it deletes or purges its key.
+fn decode_message(key: &str, message: &StreamMessage) -> Result<Option<Versioned>> {
+    let put = message
+        .headers
+        .get(KV_OPERATION_HEADER)
+        .is_none_or(|op| op.as_str() == "PUT");
+    decode(key, put, &message.payload, message.sequence)
+}
+
+/// [`decode`] for an entry of a watch.
+fn decode_entry(key: &str, entry: &kv::Entry) -> Result<Option<Versioned>> {
+    decode(
+        key,
+        entry.operation == kv::Operation::Put,
+        &entry.value,
+        entry.revision,
+    )
+}
+
+/// The header of a key-value bucket's message that says whether it deletes or purges its key.
+const KV_OPERATION_HEADER: &str = "KV-Operation";
 
 #[async_trait]
 impl MetadataStore for NatsMetadataStore {
+    /// Asks the stream's leader, not any replica: the bucket's own read is a direct get, which
+    /// every replica answers from what it holds, so a node could miss its own write just made
+    /// (an operation it has just started, a table it has just changed).
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
-        let entry = self
+        let subject = format!("{}{key}", self.kv.prefix);
+        match self
             .kv
-            .entry(key)
+            .stream
+            .get_last_raw_message_by_subject(&subject)
             .await
-            .map_err(nats_error("read a metadata key"))?;
-        match entry {
-            Some(entry) => decode(key, &entry),
-            None => Ok(None),
+        {
+            Ok(message) => decode_message(key, &message),
+            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(err) => Err(nats_error("read a metadata key")(err)),
         }
     }
 
@@ -224,7 +251,7 @@ impl MetadataStore for NatsMetadataStore {
                 tokio::select! {
                     entry = entries.next() => {
                         let versioned = match entry {
-                            Some(Ok(entry)) => decode(&key, &entry),
+                            Some(Ok(entry)) => decode_entry(&key, &entry),
                             Some(Err(err)) => Err(nats_error("watch a metadata key")(err)),
                             None => return,
                         };
