@@ -495,12 +495,14 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         .expect("the median is one of the samples");
     let b_totals = Samples(from_log.iter().map(|b| b.replay_time).collect());
     let b_median = b_totals.median();
-    let peak = |peaks: Vec<Option<u64>>| -> String {
+    // The highest peak of the runs, and how far above its start it was: the peak includes what
+    // earlier steps left allocated, the growth is the recovery's own.
+    let peak = |peaks: Vec<Option<(u64, u64)>>| -> String {
         peaks
             .into_iter()
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|peaks| peaks.into_iter().max())
-            .map(size)
+            .collect::<Option<Vec<(u64, u64)>>>()
+            .and_then(|peaks| peaks.into_iter().max_by_key(|&(_, peak)| peak))
+            .map(|(start, peak)| format!("{} (+{})", size(peak), size(peak.saturating_sub(start))))
             .unwrap_or_else(|| "n/a".into())
     };
 
@@ -519,7 +521,7 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         secs(log_open_time)
     );
     println!(
-        "{:<60} {:>9} {:>10} {:>15}",
+        "{:<60} {:>9} {:>22} {:>15}",
         "", "time", "peak RSS", "range"
     );
     println!(
@@ -539,14 +541,14 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         secs(a.replay_time)
     );
     println!(
-        "{:<60} {:>9} {:>10} {:>15}",
+        "{:<60} {:>9} {:>22} {:>15}",
         "(A) total",
         secs(a_median),
         peak(from_snapshot.iter().map(|a| a.peak_rss).collect()),
         a_totals.range()
     );
     println!(
-        "{:<60} {:>9} {:>10} {:>15}",
+        "{:<60} {:>9} {:>22} {:>15}",
         format!("(B) replay LSN 1..={tail_lsn} ({} keys)", keys.keys),
         secs(b_median),
         peak(from_log.iter().map(|b| b.peak_rss).collect()),
@@ -612,8 +614,10 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     }
     println!(
         "- peak RSS: this process's resident high-water mark during a recovery (reset before \
-         each, so it includes what earlier steps left allocated), the highest of the runs; the \
-         partition processor reads about 64 MiB of log records per round"
+         each, so it includes what earlier steps left allocated), the highest of the runs, and \
+         in brackets how far it rose above the resident size the recovery started from; a \
+         partition processor behind its log reads about 64 MiB of records per round, within a \
+         budget of 256 MiB for all partitions"
     );
     // Stopping moto waits for its process.
     blocking(move || {
@@ -1183,7 +1187,8 @@ struct FromSnapshot {
     restored: Restored,
     restore_time: Duration,
     replay_time: Duration,
-    peak_rss: Option<u64>,
+    /// Resident bytes when the recovery started, and the high-water mark during it.
+    peak_rss: Option<(u64, u64)>,
 }
 
 /// Recovery (A): restores the latest snapshot from `repository` into a fresh store, then starts
@@ -1197,7 +1202,7 @@ async fn recover_from_snapshot(
     label: &str,
 ) -> anyhow::Result<FromSnapshot> {
     let (snapshot_lsn, tail_lsn) = (expected.snapshot_lsn, expected.tail_lsn);
-    let rss_reset = reset_peak_rss();
+    let rss_start = reset_peak_rss();
     let restore_label = format!("{label} restore from local");
     let (stores, restored, restore_time) =
         restore_into_fresh_store(repository, &restore_label, dir, expected).await?;
@@ -1220,7 +1225,7 @@ async fn recover_from_snapshot(
     )
     .await?;
     let replay_time = started.elapsed();
-    let peak_rss = if rss_reset { peak_rss() } else { None };
+    let peak_rss = rss_start.zip(peak_rss());
     partition.shutdown().await;
     drop(partition);
     expected
@@ -1244,7 +1249,8 @@ impl FromSnapshot {
 /// Recovery (B).
 struct FromLog {
     replay_time: Duration,
-    peak_rss: Option<u64>,
+    /// Resident bytes when the recovery started, and the high-water mark during it.
+    peak_rss: Option<(u64, u64)>,
 }
 
 /// Recovery (B): starts the partition on a fresh, empty store and waits until it has applied the
@@ -1263,14 +1269,14 @@ async fn recover_from_log(
         Ok((stores, store))
     })
     .await?;
-    let rss_reset = reset_peak_rss();
+    let rss_start = reset_peak_rss();
     progress(&format!("{label} replaying LSN 1..={tail_lsn}"));
     sync_disks().await;
     let started = Instant::now();
     let partition = start_partition(store.clone(), log).await?;
     wait_replayed(&partition, &format!("{label} replay"), Lsn::ZERO, tail_lsn).await?;
     let replay_time = started.elapsed();
-    let peak_rss = if rss_reset { peak_rss() } else { None };
+    let peak_rss = rss_start.zip(peak_rss());
     partition.shutdown().await;
     drop(partition);
     expected
@@ -1375,18 +1381,25 @@ fn log_on_disk(dir: &Path) -> anyhow::Result<(u64, usize)> {
     Ok((bytes, segments))
 }
 
-/// Resets this process's resident-memory high-water mark (Linux); false where that is not
-/// possible. A write to procfs, which touches no disk: fine on a runtime thread.
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+/// Resets this process's resident-memory high-water mark (Linux) and returns the resident bytes
+/// it starts from; `None` where that is not possible. A write to procfs, which touches no disk:
+/// fine on a runtime thread.
+fn reset_peak_rss() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    proc_status_bytes("VmRSS:")
 }
 
 /// This process's resident-memory high-water mark (`VmHWM`), on Linux.
 fn peak_rss() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// A `kB` figure of `/proc/self/status`, in bytes.
+fn proc_status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line
-        .trim_start_matches("VmHWM:")
+        .trim_start_matches(field)
         .trim()
         .trim_end_matches("kB")
         .trim()
