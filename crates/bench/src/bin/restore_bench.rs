@@ -315,15 +315,19 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
     let plain_dir = root.join("plain-copy");
     for round in 1..=args.repeat {
         let label = |what: &str| format!("{what} ({round}/{})", args.repeat);
-        local_restores.push(
-            restore_timed(
-                &local,
-                &label("restore from local"),
-                &root.join("restore-local"),
-                &expected,
-            )
-            .await?,
-        );
+        // Each restore goes first in odd rounds and after its plain copies in even ones: the
+        // step after a round's deletions of whole copies runs on a busier file system.
+        let restore_first = round % 2 == 1;
+        let restore_from = |repository: &Arc<SnapshotRepository>, folder: &str, what: String| {
+            let (dir, expected) = (root.join(folder), &expected);
+            let repository = repository.clone();
+            async move { restore_timed(&repository, &what, &dir, expected).await }
+        };
+        let local_restore = |what| restore_from(&local, "restore-local", what);
+        let s3_restore = |what| restore_from(&s3, "restore-s3", what);
+        if restore_first {
+            local_restores.push(local_restore(label("restore from local")).await?);
+        }
         progress(&label("plain copy from local: fs::copy"));
         local_fs_copy.push(
             copy_files(
@@ -355,18 +359,18 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         check_copied(&plain_dir, snapshot_bytes).await?;
         progress(&label("read + xxh3-128 of the local repository's files"));
         local_hash.push(hash_files(&local_paths, args.transfer_concurrency).await?);
-        s3_restores.push(
-            restore_timed(
-                &s3,
-                &label("restore from S3 (moto)"),
-                &root.join("restore-s3"),
-                &expected,
-            )
-            .await?,
-        );
+        if !restore_first {
+            local_restores.push(local_restore(label("restore from local")).await?);
+        }
+        if restore_first {
+            s3_restores.push(s3_restore(label("restore from S3 (moto)")).await?);
+        }
         progress(&label("plain GET from S3 (moto)"));
         s3_get.push(get_plain(&s3, &objects, &plain_dir, args.transfer_concurrency).await?);
         check_copied(&plain_dir, snapshot_bytes).await?;
+        if !restore_first {
+            s3_restores.push(s3_restore(label("restore from S3 (moto)")).await?);
+        }
     }
 
     println!();
@@ -586,6 +590,10 @@ async fn run(args: &Args, root: &Path) -> anyhow::Result<()> {
         "- the log, the repository's files and moto's objects were just written and sit in the \
          page cache, so every read is served from memory; dirty pages are written back (sync) \
          before each timed step"
+    );
+    println!(
+        "- each restore runs first in odd rounds and after its plain copies in even ones, so \
+         that neither always follows the previous round's deletions of whole copies"
     );
     println!(
         "- restore downloads each file to <name>.partial, checks its size and xxh3-128, syncs \
