@@ -345,33 +345,10 @@ async fn the_controllers_node_killed_in_the_middle_of_an_operation() {
     // Another node's controller takes the operation over and finishes it: moves that needed
     // the killed node are reverted, the rest done.
     let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
-    assert!(
-        done.moves
-            .iter()
-            .all(|m| m.step == "done" || m.step == "reverted"),
-        "{done:#?}"
-    );
+    each_move_ended(&done);
     cluster.start_node(controller).unwrap();
     // Once the node is back, the same scale completes what was reverted.
-    let client = cluster.client().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !client
-        .list_nodes()
-        .await
-        .unwrap_or_default()
-        .iter()
-        .all(|n| n.state == "alive")
-    {
-        assert!(Instant::now() < deadline, "not every node alive again");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let plan = client.plan_placement(names(1..=4)).await.unwrap();
-    if !plan.moves.is_empty() {
-        let (again, _) = scale(&client, &names(1..=4)).await;
-        let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
-        assert_eq!(done.state, "succeeded", "{done:#?}");
-    }
-    balanced_on(&client, &names(1..=4)).await;
+    finish_scaling_onto(&cluster, &names(1..=4)).await;
     check("controller killed mid-operation", run, &mut cluster).await;
 }
 
@@ -409,12 +386,7 @@ async fn a_source_leader_killed_in_the_middle_of_its_move() {
         m.step == "loading" && m.to_leader == "n4" && !m.from_leader.is_empty()
     })
     .await;
-    let source: usize = m
-        .from_leader
-        .trim_start_matches('n')
-        .parse::<usize>()
-        .unwrap()
-        - 1;
+    let source = node_index(&m.from_leader);
     cluster.kill_node(source);
     let done = finished(&cluster, op.id, Duration::from_secs(120)).await;
     // The killed node's partitions fail over; the move goes on from its new leader, or is
@@ -555,6 +527,28 @@ async fn all_alive(cluster: &TestCluster) {
     }
 }
 
+/// Asserts that every move of a finished operation was either made or reverted.
+fn each_move_ended(op: &v1::OperationInfo) {
+    for m in &op.moves {
+        assert!(m.step == "done" || m.step == "reverted", "{m:?}");
+    }
+}
+
+/// Once every node is alive again, scales onto `nodes` whatever is still placed elsewhere (moves
+/// an earlier operation reverted), which must succeed, and checks that the placement is balanced
+/// on them.
+async fn finish_scaling_onto(cluster: &TestCluster, nodes: &[String]) {
+    all_alive(cluster).await;
+    let client = cluster.client().await.unwrap();
+    let plan = client.plan_placement(nodes.to_vec()).await.unwrap();
+    if !plan.moves.is_empty() {
+        let op = start_planned(&client, nodes, &plan).await;
+        let done = finished(cluster, op.id, Duration::from_secs(180)).await;
+        assert_eq!(done.state, "succeeded", "{done:#?}");
+    }
+    balanced_on(&client, nodes).await;
+}
+
 /// `n3` → 2, the index [`TestCluster`] knows node `n3` by.
 fn node_index(name: &str) -> usize {
     let n: usize = name
@@ -585,19 +579,9 @@ async fn a_source_leader_paused_while_its_partition_moves_then_resumed() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     cluster.resume_node(source);
     let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
-    for m in &done.moves {
-        assert!(m.step == "done" || m.step == "reverted", "{m:?}");
-    }
+    each_move_ended(&done);
     // Whatever was reverted, the same scale can finish now that every node is back.
-    all_alive(&cluster).await;
-    let client = cluster.client().await.unwrap();
-    let plan = client.plan_placement(names(1..=4)).await.unwrap();
-    if !plan.moves.is_empty() {
-        let again = start_planned(&client, &names(1..=4), &plan).await;
-        let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
-        assert_eq!(done.state, "succeeded", "{done:#?}");
-    }
-    balanced_on(&client, &names(1..=4)).await;
+    finish_scaling_onto(&cluster, &names(1..=4)).await;
     check("source leader paused mid-move", run, &mut cluster).await;
 }
 
@@ -616,14 +600,12 @@ async fn a_target_cut_off_from_nats_while_it_loads_and_a_nats_server_killed() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     cluster.heal_node(3);
     let done = finished(&cluster, op.id, Duration::from_secs(180)).await;
-    for m in &done.moves {
-        assert!(m.step == "done" || m.step == "reverted", "{m:?}");
-        if m.step == "reverted" {
-            assert!(
-                m.reason.contains("n4"),
-                "the reason does not name n4: {m:?}"
-            );
-        }
+    each_move_ended(&done);
+    for m in done.moves.iter().filter(|m| m.step == "reverted") {
+        assert!(
+            m.reason.contains("n4"),
+            "the reason does not name n4: {m:?}"
+        );
     }
     // The scale again, with one of the three NATS servers killed while it runs: JetStream keeps
     // a majority, so the moves go on. Under the whole suite's load a handoff has been seen to
@@ -636,25 +618,16 @@ async fn a_target_cut_off_from_nats_while_it_loads_and_a_nats_server_killed() {
         let again = start_planned(&client, &names(1..=4), &plan).await;
         cluster.kill_nats(0);
         let done = finished(&cluster, again.id, Duration::from_secs(180)).await;
-        for m in &done.moves {
-            assert!(m.step == "done" || m.step == "reverted", "{m:?}");
-            if m.step == "reverted" {
-                eprintln!(
-                    "with a NATS server down, partition {} was reverted: {}",
-                    m.partition_id, m.reason
-                );
-            }
+        each_move_ended(&done);
+        for m in done.moves.iter().filter(|m| m.step == "reverted") {
+            eprintln!(
+                "with a NATS server down, partition {} was reverted: {}",
+                m.partition_id, m.reason
+            );
         }
         cluster.start_nats(0).await.unwrap();
-        all_alive(&cluster).await;
-        let plan = client.plan_placement(names(1..=4)).await.unwrap();
-        if !plan.moves.is_empty() {
-            let last = start_planned(&client, &names(1..=4), &plan).await;
-            let done = finished(&cluster, last.id, Duration::from_secs(180)).await;
-            assert_eq!(done.state, "succeeded", "{done:#?}");
-        }
     }
-    balanced_on(&client, &names(1..=4)).await;
+    finish_scaling_onto(&cluster, &names(1..=4)).await;
     check(
         "target cut off from NATS, then a NATS server killed",
         run,

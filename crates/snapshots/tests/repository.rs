@@ -10,7 +10,9 @@ use cairn_snapshots::{
 use cairn_types::{Lsn, PartitionId};
 use object_store::{ObjectStoreExt, PutPayload};
 use std::sync::{Arc, Mutex};
-use support::{Backend, export, object_bytes, random_bytes, repository, repository_with, sst_keys};
+use support::{
+    Backend, Export, export, object_bytes, random_bytes, repository, repository_with, sst_keys,
+};
 
 const P: PartitionId = PartitionId(1);
 
@@ -237,21 +239,28 @@ async fn download_fetches_checked_files(backend: Backend) {
     }
 }
 
-/// A restore or a move's load must not take the link from the node's own traffic: downloads pay
-/// into the same bucket as uploads, in a local repository too.
-async fn a_download_keeps_to_the_rate_limit(backend: Backend) {
-    let repo = repository(backend);
-    let e = export(
+/// What the rate-limit scenarios transfer: 600 kB in two files, at least 2 s at 200 kB/s (the
+/// first second's 200 kB at once).
+const LIMIT_BYTES_PER_SECOND: u64 = 200_000;
+
+fn six_hundred_kb() -> Export {
+    export(
         1,
         3,
         &[
             ("000001.sst", random_bytes(1, 400_000)),
             ("000002.sst", random_bytes(2, 200_000)),
         ],
-    );
+    )
+}
+
+/// A restore or a move's load must not take the link from the node's own traffic: downloads pay
+/// into the same bucket as uploads, in a local repository too.
+async fn a_download_keeps_to_the_rate_limit(backend: Backend) {
+    let repo = repository(backend);
+    let e = six_hundred_kb();
     repo.publish(e.path(), e.metadata.clone()).await.unwrap();
-    // 600 kB at 200 kB/s, the first second's 200 kB at once: at least 2 s.
-    let limited = repo.rate_limited(200_000);
+    let limited = repo.rate_limited(LIMIT_BYTES_PER_SECOND);
     let staging = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
     let (_, report) = limited
@@ -275,15 +284,8 @@ async fn a_download_keeps_to_the_rate_limit(backend: Backend) {
 /// Uploads pay into the bucket too, to a local repository as to an object store.
 async fn a_publish_keeps_to_the_rate_limit(backend: Backend) {
     let repo = repository(backend);
-    let limited = repo.rate_limited(200_000);
-    let e = export(
-        1,
-        3,
-        &[
-            ("000001.sst", random_bytes(1, 400_000)),
-            ("000002.sst", random_bytes(2, 200_000)),
-        ],
-    );
+    let limited = repo.rate_limited(LIMIT_BYTES_PER_SECOND);
+    let e = six_hundred_kb();
     let started = std::time::Instant::now();
     limited.publish(e.path(), e.metadata.clone()).await.unwrap();
     let took = started.elapsed();

@@ -57,19 +57,31 @@ impl RateLimiter {
     }
 }
 
-/// A reader that pays for what it read before handing it on: for copies made on a blocking
-/// thread (a download from a local repository), which wait for the bucket there.
+/// A reader that pays for what it read before handing it on, when there is a limit: for copies
+/// made on a blocking thread (to or from a local repository), which wait for the bucket there.
 pub(crate) struct LimitedRead<R> {
-    pub(crate) inner: R,
-    pub(crate) limiter: std::sync::Arc<RateLimiter>,
-    /// The runtime the limiter's clock belongs to; the reader runs on one of its blocking threads.
-    pub(crate) runtime: tokio::runtime::Handle,
+    inner: R,
+    /// The limiter, and the runtime whose clock it sleeps on.
+    limit: Option<(std::sync::Arc<RateLimiter>, tokio::runtime::Handle)>,
+}
+
+impl<R> LimitedRead<R> {
+    /// Made on one of the runtime's blocking threads, whose runtime the limiter sleeps on; with
+    /// no limiter, `inner` as it is.
+    pub(crate) fn new(inner: R, limiter: Option<std::sync::Arc<RateLimiter>>) -> LimitedRead<R> {
+        LimitedRead {
+            inner,
+            limit: limiter.map(|limiter| (limiter, tokio::runtime::Handle::current())),
+        }
+    }
 }
 
 impl<R: std::io::Read> std::io::Read for LimitedRead<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let read = self.inner.read(buf)?;
-        self.runtime.block_on(self.limiter.acquire(read as u64));
+        if let Some((limiter, runtime)) = &self.limit {
+            runtime.block_on(limiter.acquire(read as u64));
+        }
         Ok(read)
     }
 }

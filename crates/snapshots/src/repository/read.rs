@@ -298,9 +298,9 @@ impl SnapshotRepository {
     }
 
     /// [`download_file`](Self::download_file) from a local repository: one blocking task copies
-    /// and hashes the file in large reads, each paid for first under a rate limit. object_store's local reads come in 8 KiB chunks, each
-    /// a round trip through the blocking pool, which makes a restore several times slower than
-    /// a plain copy.
+    /// and hashes the file in large reads, each paid for first under a rate limit.
+    /// object_store's local reads come in 8 KiB chunks, each a round trip through the blocking
+    /// pool, which makes a restore several times slower than a plain copy.
     async fn download_local(
         &self,
         snapshot_id: SnapshotId,
@@ -312,7 +312,6 @@ impl SnapshotRepository {
         let copy_partial = partial.clone();
         let declared = file.size;
         let limiter = self.rate_limiter.clone();
-        let runtime = tokio::runtime::Handle::current();
         let copied = tokio::task::spawn_blocking(move || {
             let input = match std::fs::File::open(&source) {
                 Ok(input) => input,
@@ -321,18 +320,8 @@ impl SnapshotRepository {
             };
             let mut output = std::fs::File::create(&copy_partial)?;
             // One byte past the declared size is enough to refuse a larger object.
-            let mut input = input.take(declared + 1);
-            let copied = match limiter {
-                None => copy_hashing(&mut input, Some(&mut output))?,
-                Some(limiter) => copy_hashing(
-                    &mut LimitedRead {
-                        inner: input,
-                        limiter,
-                        runtime,
-                    },
-                    Some(&mut output),
-                )?,
-            };
+            let mut input = LimitedRead::new(input.take(declared + 1), limiter);
+            let copied = copy_hashing(&mut input, Some(&mut output))?;
             output.sync_all()?;
             Ok(Some(copied))
         })

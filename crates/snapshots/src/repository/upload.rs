@@ -173,12 +173,9 @@ impl SnapshotRepository {
         let failed = io("write to the local repository", attempt.path);
         let source = attempt.path.to_path_buf();
         let staging_target = target.clone();
-        let limit = self
-            .rate_limiter
-            .clone()
-            .map(|limiter| (limiter, tokio::runtime::Handle::current()));
+        let limiter = self.rate_limiter.clone();
         let copied = tokio::task::spawn_blocking(move || {
-            copy_to_local_object(&source, &staging_target, limit)
+            copy_to_local_object(&source, &staging_target, limiter)
         })
         .await
         .map_err(|e| io("write to the local repository", attempt.path)(std::io::Error::other(e)))?;
@@ -315,14 +312,13 @@ pub(super) fn is_staged_name(name: &str) -> bool {
 }
 
 /// Copies `source` next to `target` as `<target>#<digits>` (see [`is_staged_name`]), hashing it
-/// in 1 MiB reads (each paid for first under a rate limit, on `limit`'s runtime), and syncs the
-/// copy. Returns its size, checksum and path; [`publish_staged`] moves it into place. One pass
-/// over the bytes in large reads: object_store's local put goes through 8 KiB writes or
-/// whole-file buffers.
+/// in 1 MiB reads (each paid for first to `limiter`, if any), and syncs the copy. Returns its
+/// size, checksum and path; [`publish_staged`] moves it into place. One pass over the bytes in
+/// large reads: object_store's local put goes through 8 KiB writes or whole-file buffers.
 fn copy_to_local_object(
     source: &Path,
     target: &Path,
-    limit: Option<(Arc<RateLimiter>, tokio::runtime::Handle)>,
+    limiter: Option<Arc<RateLimiter>>,
 ) -> std::io::Result<(u64, Checksum, PathBuf)> {
     let parent = target
         .parent()
@@ -343,17 +339,7 @@ fn copy_to_local_object(
         }
     };
     let result = std::fs::File::open(source)
-        .and_then(|mut input| match limit {
-            None => copy_hashing(&mut input, Some(&mut output)),
-            Some((limiter, runtime)) => copy_hashing(
-                &mut LimitedRead {
-                    inner: input,
-                    limiter,
-                    runtime,
-                },
-                Some(&mut output),
-            ),
-        })
+        .and_then(|input| copy_hashing(&mut LimitedRead::new(input, limiter), Some(&mut output)))
         .and_then(|copied| output.sync_all().map(|()| copied));
     match result {
         Ok((size, checksum)) => Ok((size, checksum, staged)),
